@@ -1,0 +1,203 @@
+//! Builds a `tokenizers::Tokenizer` from the vocabulary in GGUF metadata: byte-level BPE
+//! (`gpt2`) with its pre-tokenizer split, or SentencePiece-style BPE with byte fallback
+//! (`llama`). The result is the pipeline Hugging Face would have built from the model's
+//! original `tokenizer.json`, so it can also be saved as one.
+
+use tokenizers::decoders::byte_fallback::ByteFallback;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::processors::template::{SpecialToken, TemplateProcessing};
+use tokenizers::{AddedToken, Tokenizer};
+
+use crate::error::TokenizerError;
+use crate::gguf_vocab::{GgufVocab, TokenType};
+use crate::pretokenizer::PreTokenizerKind;
+use crate::spm_merges::merges_from_scores;
+use crate::token_bytes::VocabEncoding;
+
+/// `tokenizer.ggml.model` values this crate builds.
+pub const SUPPORTED_MODELS: &str = "gpt2 (byte-level BPE), llama (SentencePiece BPE)";
+
+/// SentencePiece's word-boundary marker, which stands for a space.
+pub(crate) const SPM_SPACE: &str = "\u{2581}";
+
+pub(crate) struct BuiltTokenizer {
+    pub tokenizer: Tokenizer,
+    pub encoding: VocabEncoding,
+    pub add_bos: bool,
+    pub add_eos: bool,
+}
+
+pub(crate) fn build(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError> {
+    match vocab.model.as_str() {
+        "gpt2" => build_byte_level(vocab),
+        "llama" => build_sentencepiece(vocab),
+        other => Err(TokenizerError::UnsupportedModel {
+            found: other.to_string(),
+            supported: SUPPORTED_MODELS.to_string(),
+        }),
+    }
+}
+
+fn build_byte_level(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError> {
+    // A missing `pre` is what old converters wrote; llama.cpp then guesses a generic
+    // split and warns that quality degrades. Sonde refuses instead of guessing.
+    let pre_name = vocab.pre.as_deref().unwrap_or("(missing)");
+    let kind = PreTokenizerKind::from_gguf_name(pre_name)?;
+    let ids = token_ids(vocab);
+    let merges = usable_merges(&vocab.merges, &ids);
+    let bpe = BPE::builder()
+        .vocab_and_merges(ids, merges)
+        .ignore_merges(kind.ignore_merges())
+        .build()?;
+    let mut tokenizer = Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(kind.build()?));
+    tokenizer.with_decoder(Some(ByteLevel::new(false, false, false)));
+    add_special_tokens(&mut tokenizer, vocab);
+    // llama.cpp's defaults for byte-level vocabularies: no BOS, except Llama 3.
+    let add_bos = vocab.add_bos.unwrap_or(kind == PreTokenizerKind::Llama3);
+    let add_eos = vocab.add_eos.unwrap_or(false);
+    set_post_processor(&mut tokenizer, vocab, add_bos, add_eos)?;
+    Ok(BuiltTokenizer {
+        tokenizer,
+        encoding: VocabEncoding::ByteLevel,
+        add_bos,
+        add_eos,
+    })
+}
+
+fn build_sentencepiece(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError> {
+    if vocab.scores.is_empty() {
+        return Err(TokenizerError::Metadata {
+            key: "tokenizer.ggml.scores".into(),
+            problem: "missing; a SentencePiece (llama) vocabulary needs its scores".into(),
+        });
+    }
+    let ids = token_ids(vocab);
+    let merges = merges_from_scores(&vocab.tokens, &vocab.scores, &ids);
+    let mut builder = BPE::builder()
+        .vocab_and_merges(ids, merges)
+        .byte_fallback(true)
+        .fuse_unk(true);
+    if let Some(unk) = vocab.unk {
+        builder = builder.unk_token(vocab.tokens[unk as usize].clone());
+    }
+    let mut tokenizer = Tokenizer::new(builder.build()?);
+    let add_space_prefix = vocab.add_space_prefix.unwrap_or(true);
+    let mut normalizers = Vec::new();
+    let mut decoders = vec![Replace::new(SPM_SPACE, " ")?.into()];
+    decoders.push(ByteFallback::new().into());
+    decoders.push(Fuse::new().into());
+    if add_space_prefix {
+        normalizers.push(Prepend::new(SPM_SPACE.to_string()).into());
+        // The prefix added on encode is removed on decode.
+        decoders.push(Strip::new(' ', 1, 0).into());
+    }
+    normalizers.push(Replace::new(" ", SPM_SPACE)?.into());
+    tokenizer.with_normalizer(Some(NormalizerSequence::new(normalizers)));
+    tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
+    add_special_tokens(&mut tokenizer, vocab);
+    let add_bos = vocab.add_bos.unwrap_or(true);
+    let add_eos = vocab.add_eos.unwrap_or(false);
+    set_post_processor(&mut tokenizer, vocab, add_bos, add_eos)?;
+    Ok(BuiltTokenizer {
+        tokenizer,
+        encoding: VocabEncoding::SentencePiece,
+        add_bos,
+        add_eos,
+    })
+}
+
+/// Token string → id. When a string occurs twice the later id wins, as in llama.cpp.
+fn token_ids(vocab: &GgufVocab) -> Vocab {
+    vocab
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(id, token)| (token.clone(), id as u32))
+        .collect()
+}
+
+/// Merges whose parts or result are missing from the vocabulary can never fire; the
+/// BPE builder rejects them, so they are dropped (llama.cpp ignores them the same way).
+fn usable_merges(
+    merges: &[(String, String)],
+    ids: &Vocab,
+) -> Vec<(String, String)> {
+    merges
+        .iter()
+        .filter(|(a, b)| {
+            ids.contains_key(a) && ids.contains_key(b) && ids.contains_key(&format!("{a}{b}"))
+        })
+        .cloned()
+        .collect()
+}
+
+/// Control tokens become special added tokens; user-defined tokens are matched verbatim
+/// in text too, but are ordinary text when decoding.
+fn add_special_tokens(tokenizer: &mut Tokenizer, vocab: &GgufVocab) {
+    let added = |wanted: TokenType, special: bool| -> Vec<AddedToken> {
+        vocab
+            .tokens
+            .iter()
+            .zip(&vocab.types)
+            .filter(|(token, ty)| **ty == wanted && !token.is_empty())
+            .map(|(token, _)| AddedToken::from(token.clone(), special).normalized(false))
+            .collect()
+    };
+    tokenizer.add_special_tokens(&added(TokenType::Control, true));
+    tokenizer.add_tokens(&added(TokenType::UserDefined, false));
+}
+
+/// Adds BOS/EOS around an encoded text when `add_special_tokens` is asked for.
+fn set_post_processor(
+    tokenizer: &mut Tokenizer,
+    vocab: &GgufVocab,
+    add_bos: bool,
+    add_eos: bool,
+) -> Result<(), TokenizerError> {
+    let mut single = Vec::new();
+    let mut pair = Vec::new();
+    let mut specials = Vec::new();
+    // Template pieces name special tokens by key; the keys "bos"/"eos" are ours, so a
+    // token text containing ':' or spaces cannot confuse the template parser.
+    let mut add = |key: &str, id: Option<u32>| {
+        if let Some(id) = id {
+            let text = vocab.tokens[id as usize].clone();
+            // One id and one text: `new` cannot fail.
+            if let Ok(token) = SpecialToken::new(key.to_string(), vec![id], vec![text]) {
+                specials.push(token);
+                return true;
+            }
+        }
+        false
+    };
+    let bos = add_bos && add("bos", vocab.bos);
+    let eos = add_eos && add("eos", vocab.eos);
+    if !bos && !eos {
+        return Ok(());
+    }
+    for (seq, out) in [("$A", &mut single), ("$B", &mut pair)] {
+        if bos {
+            out.push("bos".to_string());
+        }
+        out.push(seq.to_string());
+        if eos {
+            out.push("eos".to_string());
+        }
+    }
+    let pair = [single.clone(), pair].concat();
+    let processor = TemplateProcessing::builder()
+        .try_single(single)
+        .and_then(|b| b.try_pair(pair))
+        .map_err(TokenizerError::Tokenizers)?
+        .special_tokens(specials)
+        .build()
+        .map_err(|e| TokenizerError::Tokenizers(e.to_string()))?;
+    tokenizer.with_post_processor(Some(processor));
+    Ok(())
+}
