@@ -66,7 +66,10 @@ impl ChatTemplate {
 
     /// Renders the conversation into the prompt text.
     pub fn render(&self, inputs: &ChatInputs<'_>) -> Result<String, TokenizerError> {
-        let template = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(template_error)?;
         let ctx = context! {
             messages => Value::from(Serde(inputs.messages)),
             add_generation_prompt => inputs.add_generation_prompt,
@@ -128,8 +131,10 @@ fn tojson(value: Value, indent: Option<usize>, kwargs: Kwargs) -> Result<Value, 
     let result = match indent {
         Some(n) => {
             let pad = vec![b' '; n];
-            let mut ser =
-                serde_json::Serializer::with_formatter(&mut out, PrettyFormatter::with_indent(&pad));
+            let mut ser = serde_json::Serializer::with_formatter(
+                &mut out,
+                PrettyFormatter::with_indent(&pad),
+            );
             value.serialize(&mut ser)
         }
         None => {
@@ -138,7 +143,10 @@ fn tojson(value: Value, indent: Option<usize>, kwargs: Kwargs) -> Result<Value, 
         }
     };
     result.map_err(|e| {
-        Error::new(ErrorKind::InvalidOperation, format!("tojson: cannot serialize: {e}"))
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: cannot serialize: {e}"),
+        )
     })?;
     let text = String::from_utf8(out)
         .map_err(|_| Error::new(ErrorKind::InvalidOperation, "tojson: invalid UTF-8"))?;
@@ -149,7 +157,11 @@ fn tojson(value: Value, indent: Option<usize>, kwargs: Kwargs) -> Result<Value, 
 struct PythonFormatter;
 
 impl Formatter for PythonFormatter {
-    fn begin_array_value<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
         if first {
             Ok(())
         } else {
@@ -157,7 +169,11 @@ impl Formatter for PythonFormatter {
         }
     }
 
-    fn begin_object_key<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
         if first {
             Ok(())
         } else {
@@ -177,7 +193,11 @@ mod tests {
 
     const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-    fn render(source: &str, messages: &[serde_json::Value], gen: bool) -> Result<String, TokenizerError> {
+    fn render(
+        source: &str,
+        messages: &[serde_json::Value],
+        gen: bool,
+    ) -> Result<String, TokenizerError> {
         ChatTemplate::new(source, "<s>", "</s>")?.render(&ChatInputs {
             messages,
             add_generation_prompt: gen,
@@ -195,7 +215,9 @@ mod tests {
             render(CHATML, &messages, true).unwrap(),
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>assistant\n"
         );
-        assert!(!render(CHATML, &messages, false).unwrap().ends_with("assistant\n"));
+        assert!(!render(CHATML, &messages, false)
+            .unwrap()
+            .ends_with("assistant\n"));
     }
 
     #[test]
@@ -217,7 +239,10 @@ mod tests {
         let source = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('Conversation must start with a system message') }}{% endif %}";
         let err = render(source, &[json!({"role": "user", "content": "x"})], false).unwrap_err();
         assert!(matches!(err, TokenizerError::Template(_)));
-        assert!(err.to_string().contains("must start with a system message"), "{err}");
+        assert!(
+            err.to_string().contains("must start with a system message"),
+            "{err}"
+        );
     }
 
     #[test]

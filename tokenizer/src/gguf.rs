@@ -108,9 +108,7 @@ impl GgufMetadata {
             source,
         })?;
         Self::read(&mut BufReader::new(file)).map_err(|err| match err {
-            TokenizerError::Gguf(msg) => {
-                TokenizerError::Gguf(format!("{}: {msg}", path.display()))
-            }
+            TokenizerError::Gguf(msg) => TokenizerError::Gguf(format!("{}: {msg}", path.display())),
             other => other,
         })
     }
@@ -296,7 +294,10 @@ mod tests {
         let full = sample();
         for cut in 0..full.len() {
             let err = GgufMetadata::read(&mut &full[..cut]).unwrap_err();
-            assert!(matches!(err, TokenizerError::Gguf(_)), "cut at {cut}: {err}");
+            assert!(
+                matches!(err, TokenizerError::Gguf(_)),
+                "cut at {cut}: {err}"
+            );
         }
     }
 

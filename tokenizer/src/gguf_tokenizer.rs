@@ -10,8 +10,9 @@ use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::template::{SpecialToken, TemplateProcessing};
-use tokenizers::{AddedToken, Tokenizer};
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use crate::error::TokenizerError;
 use crate::gguf_vocab::{GgufVocab, TokenType};
@@ -20,7 +21,8 @@ use crate::spm_merges::merges_from_scores;
 use crate::token_bytes::VocabEncoding;
 
 /// `tokenizer.ggml.model` values this crate builds.
-pub const SUPPORTED_MODELS: &str = "gpt2 (byte-level BPE), llama (SentencePiece BPE)";
+pub const SUPPORTED_MODELS: &str =
+    "gpt2 (byte-level BPE), llama (SentencePiece BPE), gemma4 (BPE over UTF-8 with byte fallback)";
 
 /// SentencePiece's word-boundary marker, which stands for a space.
 pub(crate) const SPM_SPACE: &str = "\u{2581}";
@@ -29,13 +31,13 @@ pub(crate) struct BuiltTokenizer {
     pub tokenizer: Tokenizer,
     pub encoding: VocabEncoding,
     pub add_bos: bool,
-    pub add_eos: bool,
 }
 
 pub(crate) fn build(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError> {
     match vocab.model.as_str() {
         "gpt2" => build_byte_level(vocab),
         "llama" => build_sentencepiece(vocab),
+        "gemma4" => build_gemma4(vocab),
         other => Err(TokenizerError::UnsupportedModel {
             found: other.to_string(),
             supported: SUPPORTED_MODELS.to_string(),
@@ -66,7 +68,6 @@ fn build_byte_level(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError>
         tokenizer,
         encoding: VocabEncoding::ByteLevel,
         add_bos,
-        add_eos,
     })
 }
 
@@ -108,7 +109,45 @@ fn build_sentencepiece(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerErr
         tokenizer,
         encoding: VocabEncoding::SentencePiece,
         add_bos,
-        add_eos,
+    })
+}
+
+/// Gemma 4: BPE merges over raw UTF-8 text with spaces written as `▁` (no byte-level
+/// mapping), bytes outside the vocabulary as `<0xAB>` tokens, and no word split except
+/// around newline runs, which are single tokens when the vocabulary has them.
+fn build_gemma4(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError> {
+    let ids = token_ids(vocab);
+    let merges = usable_merges(&vocab.merges, &ids);
+    let mut builder = BPE::builder()
+        .vocab_and_merges(ids, merges)
+        .byte_fallback(true)
+        // Runs of newlines are vocabulary entries that no merge produces (SentencePiece
+        // kept them as whole pieces); a word that is an entry is taken whole, as
+        // llama.cpp does for them. Other entries are reachable by merges anyway.
+        .ignore_merges(true);
+    if let Some(unk) = vocab.unk {
+        builder = builder.unk_token(vocab.tokens[unk as usize].clone());
+    }
+    let mut tokenizer = Tokenizer::new(builder.build()?);
+    tokenizer.with_normalizer(Some(Replace::new(" ", SPM_SPACE)?));
+    tokenizer.with_pre_tokenizer(Some(Split::new(
+        SplitPattern::Regex("[^\\n]+|[\\n]+".to_string()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )?));
+    tokenizer.with_decoder(Some(DecoderSequence::new(vec![
+        Replace::new(SPM_SPACE, " ")?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ])));
+    add_special_tokens(&mut tokenizer, vocab);
+    let add_bos = vocab.add_bos.unwrap_or(true);
+    let add_eos = vocab.add_eos.unwrap_or(false);
+    set_post_processor(&mut tokenizer, vocab, add_bos, add_eos)?;
+    Ok(BuiltTokenizer {
+        tokenizer,
+        encoding: VocabEncoding::SentencePiece,
+        add_bos,
     })
 }
 
@@ -124,10 +163,7 @@ fn token_ids(vocab: &GgufVocab) -> Vocab {
 
 /// Merges whose parts or result are missing from the vocabulary can never fire; the
 /// BPE builder rejects them, so they are dropped (llama.cpp ignores them the same way).
-fn usable_merges(
-    merges: &[(String, String)],
-    ids: &Vocab,
-) -> Vec<(String, String)> {
+fn usable_merges(merges: &[(String, String)], ids: &Vocab) -> Vec<(String, String)> {
     merges
         .iter()
         .filter(|(a, b)| {

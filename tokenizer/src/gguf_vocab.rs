@@ -95,7 +95,9 @@ impl GgufVocab {
             let Some(value) = meta.get(key) else {
                 return Ok(None);
             };
-            let id = value.as_u64().ok_or_else(|| wrong_type(key, "an integer"))?;
+            let id = value
+                .as_u64()
+                .ok_or_else(|| wrong_type(key, "an integer"))?;
             // Some converters write -1 or an out-of-range id for "none".
             Ok(u32::try_from(id).ok().filter(|&id| (id as usize) < n))
         };

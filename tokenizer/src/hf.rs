@@ -44,7 +44,10 @@ struct ModelConfig {
 pub(crate) fn read_dir(dir: &Path) -> Result<HfFiles, TokenizerError> {
     let tokenizer_path = dir.join("tokenizer.json");
     if !tokenizer_path.is_file() {
-        return Err(hf_error(dir, "no tokenizer.json (only fast-tokenizer folders are supported)"));
+        return Err(hf_error(
+            dir,
+            "no tokenizer.json (only fast-tokenizer folders are supported)",
+        ));
     }
     let tokenizer = Tokenizer::from_file(&tokenizer_path)
         .map_err(|e| hf_error(dir, &format!("tokenizer.json: {e}")))?;
@@ -53,7 +56,12 @@ pub(crate) fn read_dir(dir: &Path) -> Result<HfFiles, TokenizerError> {
 
     let chat_template = match config.chat_template.as_ref().map(template_from_config) {
         Some(Some(t)) => Some(t),
-        Some(None) => return Err(hf_error(dir, "tokenizer_config.json: chat_template has an unknown shape")),
+        Some(None) => {
+            return Err(hf_error(
+                dir,
+                "tokenizer_config.json: chat_template has an unknown shape",
+            ))
+        }
         None => read_optional(&dir.join("chat_template.jinja"))?,
     };
     let eos_token_ids = match &model.eos_token_id {
@@ -90,7 +98,10 @@ fn template_from_config(value: &Json) -> Option<String> {
 fn token_content(value: &Json) -> Option<String> {
     match value {
         Json::String(s) => Some(s.clone()),
-        Json::Object(map) => map.get("content").and_then(Json::as_str).map(str::to_string),
+        Json::Object(map) => map
+            .get("content")
+            .and_then(Json::as_str)
+            .map(str::to_string),
         _ => None,
     }
 }
@@ -99,7 +110,10 @@ fn json_id(value: &Json) -> Option<u32> {
     value.as_u64().and_then(|id| u32::try_from(id).ok())
 }
 
-fn read_json<T: for<'de> Deserialize<'de>>(dir: &Path, name: &str) -> Result<Option<T>, TokenizerError> {
+fn read_json<T: for<'de> Deserialize<'de>>(
+    dir: &Path,
+    name: &str,
+) -> Result<Option<T>, TokenizerError> {
     let Some(text) = read_optional(&dir.join(name))? else {
         return Ok(None);
     };
@@ -134,7 +148,8 @@ mod tests {
     #[test]
     fn chat_template_shapes() {
         assert_eq!(template_from_config(&json!("x")), Some("x".into()));
-        let list = json!([{"name": "tool_use", "template": "t"}, {"name": "default", "template": "d"}]);
+        let list =
+            json!([{"name": "tool_use", "template": "t"}, {"name": "default", "template": "d"}]);
         assert_eq!(template_from_config(&list), Some("d".into()));
         assert_eq!(template_from_config(&json!(3)), None);
     }
@@ -142,6 +157,9 @@ mod tests {
     #[test]
     fn special_token_as_string_or_object() {
         assert_eq!(token_content(&json!("<s>")), Some("<s>".into()));
-        assert_eq!(token_content(&json!({"content": "</s>", "lstrip": false})), Some("</s>".into()));
+        assert_eq!(
+            token_content(&json!({"content": "</s>", "lstrip": false})),
+            Some("</s>".into())
+        );
     }
 }

@@ -18,7 +18,9 @@ use crate::token_bytes::{TokenBytes, VocabEncoding};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenSpan {
     pub id: u32,
-    /// Byte offsets into the input; special tokens added around the text have an empty span.
+    /// Byte offsets into the input. Tokens that each hold part of one character (byte
+    /// tokens of an emoji) all carry that character's span; BOS/EOS added around the
+    /// text have an empty one.
     pub start: usize,
     pub stop: usize,
 }
@@ -72,7 +74,9 @@ impl ModelTokenizer {
             .map(|ty| *ty == crate::gguf_vocab::TokenType::Control)
             .collect();
         let text_of = |id: Option<u32>| {
-            id.and_then(|id| vocab.tokens.get(id as usize)).cloned().unwrap_or_default()
+            id.and_then(|id| vocab.tokens.get(id as usize))
+                .cloned()
+                .unwrap_or_default()
         };
         let mut eos: Vec<u32> = vocab.eos.into_iter().chain(vocab.eot).collect();
         eos.dedup();
@@ -114,7 +118,10 @@ impl ModelTokenizer {
                 match (encoding, tokenizer.id_to_token(id)) {
                     (Some(enc), Some(token)) => enc.token_bytes(&token),
                     // An unfamiliar decoder (WordPiece, …): ask it about the token alone.
-                    _ => tokenizer.decode(&[id], false).unwrap_or_default().into_bytes(),
+                    _ => tokenizer
+                        .decode(&[id], false)
+                        .unwrap_or_default()
+                        .into_bytes(),
                 }
             })
             .collect();
@@ -157,7 +164,11 @@ impl ModelTokenizer {
     /// Token ids of `text`. Special tokens written in the text are matched (as TGI and
     /// llama.cpp's server do); `add_special_tokens` adds BOS/EOS as the model wants.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
-        Ok(self.tokenizer.encode_fast(text, add_special_tokens)?.get_ids().to_vec())
+        Ok(self
+            .tokenizer
+            .encode_fast(text, add_special_tokens)?
+            .get_ids()
+            .to_vec())
     }
 
     /// Like `encode`, with each token's byte span in `text`.
@@ -187,7 +198,8 @@ impl ModelTokenizer {
 
     /// One token's text on its own; a token holding part of a character shows U+FFFD.
     pub fn token_text(&self, id: u32) -> Option<String> {
-        self.token_bytes(id).map(|b| String::from_utf8_lossy(b).into_owned())
+        self.token_bytes(id)
+            .map(|b| String::from_utf8_lossy(b).into_owned())
     }
 
     /// Whether `id` is a special (control) token, left out of text when asked to.

@@ -59,8 +59,7 @@ const NAMES: &[(&str, PreTokenizerKind)] = &[
 
 /// GPT-2's contraction/letter/number/punctuation/space pattern (what `ByteLevel` with
 /// `use_regex` applies).
-const GPT2_RE: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 const QWEN2_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN35_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const LLAMA3_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -121,9 +120,7 @@ impl PreTokenizerKind {
             PreTokenizerKind::Qwen35 => vec![isolate(QWEN35_RE)?, byte_level_only()],
             PreTokenizerKind::Llama3 => vec![isolate(LLAMA3_RE)?, byte_level_only()],
             PreTokenizerKind::DeepseekLlm => isolate_all(DEEPSEEK_LLM_RES, byte_level_only())?,
-            PreTokenizerKind::DeepseekCoder => {
-                isolate_all(DEEPSEEK_CODER_RES, byte_level_only())?
-            }
+            PreTokenizerKind::DeepseekCoder => isolate_all(DEEPSEEK_CODER_RES, byte_level_only())?,
             PreTokenizerKind::Falcon => isolate_all(FALCON_RES, byte_level_only())?,
         };
         Ok(Sequence::new(steps).into())

@@ -85,7 +85,10 @@ mod tests {
     #[test]
     fn two_byte_character_split_across_tokens_comes_out_once() {
         let e = "é".as_bytes();
-        assert_eq!(stream(&[b"caf", &e[..1], &e[1..], b"!"]), ["caf", "", "é", "!", ""]);
+        assert_eq!(
+            stream(&[b"caf", &e[..1], &e[1..], b"!"]),
+            ["caf", "", "é", "!", ""]
+        );
     }
 
     #[test]

@@ -44,12 +44,9 @@ impl TokenBytes {
         self.table.get(id as usize).map(Vec::as_slice)
     }
 
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         self.table.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
     }
 }
 
@@ -123,5 +120,4 @@ mod tests {
         assert_eq!(sentencepiece_decode("<0xF0>"), [0xF0]);
         assert_eq!(sentencepiece_decode("<0xZZ>"), b"<0xZZ>");
     }
-
 }

@@ -4,10 +4,12 @@
 //!
 //! The files come from `scripts/fetch-data vocab` (the README's test command runs it).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::fs;
 use std::path::PathBuf;
 
-use sonde_tokenizer::{ModelTokenizer, TokenizerError};
+use sonde_tokenizer::{ChatInputs, ModelTokenizer, TokenizerError};
 
 fn vocab_dir() -> PathBuf {
     let data = std::env::var_os("SONDE_DATA_DIR")
@@ -48,9 +50,17 @@ fn read_cases(name: &str) -> Vec<(String, Vec<u32>)> {
     }
     let ids: Vec<Vec<u32>> = out
         .lines()
-        .map(|line| line.split_whitespace().map(|t| t.parse().unwrap()).collect())
+        .map(|line| {
+            line.split_whitespace()
+                .map(|t| t.parse().unwrap())
+                .collect()
+        })
         .collect();
-    assert_eq!(texts.len(), ids.len(), "{name}: .inp and .out disagree on the number of cases");
+    assert_eq!(
+        texts.len(),
+        ids.len(),
+        "{name}: .inp and .out disagree on the number of cases"
+    );
     assert!(!texts.is_empty(), "{name}: no cases");
     texts.into_iter().zip(ids).collect()
 }
@@ -66,8 +76,8 @@ enum Prefix {
 }
 
 fn check_vocab(name: &str, prefix: Prefix) {
-    let tokenizer = ModelTokenizer::from_gguf_file(&vocab_file(name))
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let tokenizer =
+        ModelTokenizer::from_gguf_file(&vocab_file(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     let cases = read_cases(name);
     let mut failures = Vec::new();
     for (text, expected) in &cases {
@@ -80,7 +90,9 @@ fn check_vocab(name: &str, prefix: Prefix) {
         }
         let decoded = tokenizer.decode(expected, false).unwrap();
         if &decoded != text {
-            failures.push(format!("decode {expected:?}\n   expected {text:?}\n   got      {decoded:?}"));
+            failures.push(format!(
+                "decode {expected:?}\n   expected {text:?}\n   got      {decoded:?}"
+            ));
         }
         let bytes: Vec<u8> = expected
             .iter()
@@ -131,6 +143,44 @@ vocab_tests! {
     falcon => "falcon", Prefix::None;
     mpt => "mpt", Prefix::None;
     command_r => "command-r", Prefix::None;
+    gemma_4 => "gemma-4", Prefix::None;
+}
+
+/// A SentencePiece pipeline saved as `tokenizer.json` and read back as a Hugging Face
+/// folder keeps its ids, its decoding and its byte table (`▁`, `<0xAB>` tokens).
+#[test]
+fn llama_spm_survives_a_round_trip_through_tokenizer_json() {
+    let from_gguf = ModelTokenizer::from_gguf_file(&vocab_file("llama-spm")).unwrap();
+    let dir = std::env::temp_dir().join(format!("sonde-spm-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    from_gguf
+        .inner()
+        .save(dir.join("tokenizer.json"), false)
+        .unwrap();
+    fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"bos_token": "<s>", "eos_token": "</s>"}"#,
+    )
+    .unwrap();
+    let from_hf = ModelTokenizer::from_hf_dir(&dir).unwrap();
+    fs::remove_dir_all(&dir).unwrap();
+    for (text, expected) in read_cases("llama-spm") {
+        assert_eq!(from_hf.encode(&text, false).unwrap(), expected, "{text:?}");
+        assert_eq!(from_hf.decode(&expected, false).unwrap(), text);
+    }
+    for id in 0..from_gguf.vocab_size() as u32 {
+        assert_eq!(
+            from_hf.token_bytes(id),
+            from_gguf.token_bytes(id),
+            "token {id}"
+        );
+    }
+    assert_eq!(from_hf.special_tokens(), from_gguf.special_tokens());
+    assert_eq!(
+        from_hf.encode("Hi", true).unwrap()[0],
+        1,
+        "BOS from the post-processor"
+    );
 }
 
 #[test]
@@ -138,14 +188,73 @@ fn gguf_without_pre_tokenizer_is_refused_with_the_supported_list() {
     // gpt-neox's vocab file predates `tokenizer.ggml.pre`; guessing a split is how a
     // server silently serves wrong tokens.
     let err = ModelTokenizer::from_gguf_file(&vocab_file("gpt-neox")).unwrap_err();
-    assert!(matches!(err, TokenizerError::UnsupportedPreTokenizer { .. }), "{err}");
+    assert!(
+        matches!(err, TokenizerError::UnsupportedPreTokenizer { .. }),
+        "{err}"
+    );
     let msg = err.to_string();
-    assert!(msg.contains("tokenizer.ggml.pre") && msg.contains("smollm"), "{msg}");
+    assert!(
+        msg.contains("tokenizer.ggml.pre") && msg.contains("smollm"),
+        "{msg}"
+    );
 }
 
 #[test]
-fn unsupported_tokenizer_model_is_named() {
-    let err = ModelTokenizer::from_gguf_file(&vocab_file("bert-bge")).unwrap_err();
-    assert!(matches!(err, TokenizerError::UnsupportedModel { .. }), "{err}");
-    assert!(err.to_string().contains("`bert`"), "{err}");
+fn unsupported_tokenizer_models_are_named() {
+    for (name, model) in [("bert-bge", "bert"), ("nomic-bert-moe", "t5")] {
+        let err = ModelTokenizer::from_gguf_file(&vocab_file(name)).unwrap_err();
+        assert!(
+            matches!(err, TokenizerError::UnsupportedModel { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains(&format!("`{model}`")), "{err}");
+    }
+    let err = ModelTokenizer::from_gguf_file(&vocab_file("aquila")).unwrap_err();
+    assert!(
+        matches!(err, TokenizerError::UnsupportedPreTokenizer { .. }),
+        "{err}"
+    );
+}
+
+/// Baichuan's vocabulary has no reference ids; it must at least give back every string.
+#[test]
+fn baichuan_round_trips_the_reference_strings() {
+    let tokenizer = ModelTokenizer::from_gguf_file(&vocab_file("baichuan")).unwrap();
+    for (text, _) in read_cases("llama-spm") {
+        let ids = tokenizer.encode(&text, false).unwrap();
+        assert_eq!(tokenizer.decode(&ids, false).unwrap(), text, "{ids:?}");
+    }
+}
+
+/// Every chat template these vocabularies ship compiles and renders a conversation.
+#[test]
+fn shipped_chat_templates_render() {
+    let messages = [
+        serde_json::json!({"role": "system", "content": "Be brief."}),
+        serde_json::json!({"role": "user", "content": "Hi"}),
+        serde_json::json!({"role": "assistant", "content": "Hello!"}),
+        serde_json::json!({"role": "user", "content": "Capital of France?"}),
+    ];
+    let inputs = ChatInputs {
+        messages: &messages,
+        add_generation_prompt: true,
+        tools: None,
+    };
+    for name in ["phi-3", "qwen2", "gemma-4"] {
+        let tokenizer = ModelTokenizer::from_gguf_file(&vocab_file(name)).unwrap();
+        let prompt = tokenizer
+            .apply_chat_template(&inputs)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        // (Phi-3's template drops system messages, so only the turns are checked.)
+        assert!(
+            prompt.contains("Hello!") && prompt.contains("Capital of France?"),
+            "{name}: {prompt}"
+        );
+        // The rendered special tokens come back as single special ids.
+        let ids = tokenizer.encode(&prompt, false).unwrap();
+        assert!(
+            ids.iter().any(|&id| tokenizer.is_special(id)),
+            "{name}: {prompt}"
+        );
+    }
 }
