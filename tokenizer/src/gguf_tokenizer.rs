@@ -16,6 +16,7 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use crate::error::TokenizerError;
 use crate::gguf_vocab::{GgufVocab, TokenType};
+use crate::model_tokenizer::{SpecialTokens, TokenizerParts};
 use crate::pretokenizer::PreTokenizerKind;
 use crate::spm_merges::merges_from_scores;
 use crate::token_bytes::VocabEncoding;
@@ -27,13 +28,53 @@ pub const SUPPORTED_MODELS: &str =
 /// SentencePiece's word-boundary marker, which stands for a space.
 pub(crate) const SPM_SPACE: &str = "\u{2581}";
 
-pub(crate) struct BuiltTokenizer {
-    pub tokenizer: Tokenizer,
-    pub encoding: VocabEncoding,
-    pub add_bos: bool,
+struct BuiltTokenizer {
+    tokenizer: Tokenizer,
+    encoding: VocabEncoding,
+    add_bos: bool,
 }
 
-pub(crate) fn build(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError> {
+/// Everything a `ModelTokenizer` needs, from the GGUF vocabulary.
+pub(crate) fn parts(vocab: &GgufVocab) -> Result<TokenizerParts, TokenizerError> {
+    let built = build(vocab)?;
+    let token_bytes = vocab
+        .tokens
+        .iter()
+        .zip(&vocab.types)
+        .map(|(token, ty)| match ty {
+            // Added tokens are stored as their literal text.
+            TokenType::Control | TokenType::UserDefined => token.as_bytes().to_vec(),
+            _ => built.encoding.token_bytes(token),
+        })
+        .collect();
+    let special = vocab
+        .types
+        .iter()
+        .map(|ty| *ty == TokenType::Control)
+        .collect();
+    let text_of = |id: Option<u32>| {
+        id.and_then(|id| vocab.tokens.get(id as usize))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut eos: Vec<u32> = vocab.eos.into_iter().collect();
+    eos.extend(vocab.eot.filter(|id| Some(*id) != vocab.eos));
+    Ok(TokenizerParts {
+        tokenizer: built.tokenizer,
+        token_bytes,
+        special,
+        special_tokens: SpecialTokens {
+            bos: vocab.bos,
+            eos,
+            add_bos: built.add_bos,
+        },
+        chat_template: vocab.chat_template.clone(),
+        bos_text: text_of(vocab.bos),
+        eos_text: text_of(vocab.eos),
+    })
+}
+
+fn build(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError> {
     match vocab.model.as_str() {
         "gpt2" => build_byte_level(vocab),
         "llama" => build_sentencepiece(vocab),

@@ -11,16 +11,88 @@ use serde_json::Value as Json;
 use tokenizers::Tokenizer;
 
 use crate::error::TokenizerError;
+use crate::model_tokenizer::{SpecialTokens, TokenizerParts};
+use crate::token_bytes::VocabEncoding;
 
-/// What the folder says beyond the pipeline itself.
-#[derive(Debug)]
-pub(crate) struct HfFiles {
-    pub tokenizer: Tokenizer,
-    pub chat_template: Option<String>,
-    pub bos_token: Option<String>,
-    pub eos_token: Option<String>,
-    pub bos_token_id: Option<u32>,
-    pub eos_token_ids: Vec<u32>,
+/// Everything a `ModelTokenizer` needs, from a Hugging Face folder.
+pub(crate) fn parts(dir: &Path) -> Result<TokenizerParts, TokenizerError> {
+    let files = read_dir(dir)?;
+    let tokenizer = files.tokenizer;
+    let size = tokenizer.get_vocab_size(true);
+    let added = tokenizer.get_added_tokens_decoder();
+    let mut special = vec![false; size];
+    for (id, token) in &added {
+        if let Some(slot) = special.get_mut(*id as usize) {
+            *slot = token.special;
+        }
+    }
+    let encoding = vocab_encoding(&tokenizer);
+    let token_bytes = (0..size as u32)
+        .map(|id| {
+            if let Some(token) = added.get(&id) {
+                return token.content.as_bytes().to_vec();
+            }
+            match (encoding, tokenizer.id_to_token(id)) {
+                (Some(enc), Some(token)) => enc.token_bytes(&token),
+                // An unfamiliar decoder (WordPiece, …): ask it about the token alone.
+                _ => tokenizer
+                    .decode(&[id], false)
+                    .unwrap_or_default()
+                    .into_bytes(),
+            }
+        })
+        .collect();
+    let id_of = |text: &Option<String>| text.as_deref().and_then(|t| tokenizer.token_to_id(t));
+    let bos = id_of(&files.bos_token).or(files.bos_token_id);
+    let mut eos: Vec<u32> = id_of(&files.eos_token).into_iter().collect();
+    for id in files.eos_token_ids {
+        if !eos.contains(&id) {
+            eos.push(id);
+        }
+    }
+    // The post-processor decides what `add_special_tokens` adds; ask it.
+    let add_bos = bos.is_some()
+        && tokenizer
+            .encode("a", true)
+            .is_ok_and(|e| e.get_ids().first().copied() == bos);
+    let text_of = |id: Option<u32>, text: Option<String>| {
+        text.or_else(|| id.and_then(|id| tokenizer.id_to_token(id)))
+            .unwrap_or_default()
+    };
+    Ok(TokenizerParts {
+        bos_text: text_of(bos, files.bos_token),
+        eos_text: text_of(eos.first().copied(), files.eos_token),
+        token_bytes,
+        special,
+        special_tokens: SpecialTokens { bos, eos, add_bos },
+        chat_template: files.chat_template,
+        tokenizer,
+    })
+}
+
+/// Which byte encoding the vocabulary of a pipeline uses, told by its decoder
+/// (serialised, since `tokenizers` does not expose a `Sequence` decoder's steps).
+fn vocab_encoding(tokenizer: &Tokenizer) -> Option<VocabEncoding> {
+    let decoder = serde_json::to_value(tokenizer.get_decoder()?)
+        .ok()?
+        .to_string();
+    if decoder.contains("\"ByteLevel\"") {
+        Some(VocabEncoding::ByteLevel)
+    } else if decoder.contains("\"ByteFallback\"") || decoder.contains("\"Metaspace\"") {
+        Some(VocabEncoding::SentencePiece)
+    } else {
+        None
+    }
+}
+
+/// What the folder's files say.
+struct HfFiles {
+    tokenizer: Tokenizer,
+    chat_template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    bos_token_id: Option<u32>,
+    eos_token_ids: Vec<u32>,
 }
 
 #[derive(Deserialize, Default)]
@@ -41,7 +113,7 @@ struct ModelConfig {
     eos_token_id: Option<Json>,
 }
 
-pub(crate) fn read_dir(dir: &Path) -> Result<HfFiles, TokenizerError> {
+fn read_dir(dir: &Path) -> Result<HfFiles, TokenizerError> {
     let tokenizer_path = dir.join("tokenizer.json");
     if !tokenizer_path.is_file() {
         return Err(hf_error(

@@ -12,7 +12,7 @@ use crate::gguf_tokenizer;
 use crate::gguf_vocab::GgufVocab;
 use crate::hf;
 use crate::stream::StreamDecoder;
-use crate::token_bytes::{TokenBytes, VocabEncoding};
+use crate::token_bytes::TokenBytes;
 
 /// A token with its byte span in the encoded text (`/tokenize`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +46,20 @@ pub struct ModelTokenizer {
     chat_template: Option<Result<ChatTemplate, String>>,
 }
 
+/// What a source (GGUF metadata, a Hugging Face folder) provides.
+pub(crate) struct TokenizerParts {
+    pub tokenizer: Tokenizer,
+    /// The bytes of each token id.
+    pub token_bytes: Vec<Vec<u8>>,
+    /// Whether each token id is special.
+    pub special: Vec<bool>,
+    pub special_tokens: SpecialTokens,
+    pub chat_template: Option<String>,
+    /// The texts a template sees as `bos_token` / `eos_token`.
+    pub bos_text: String,
+    pub eos_text: String,
+}
+
 impl ModelTokenizer {
     /// Loads from a `.gguf` file, reading only its metadata.
     pub fn from_gguf_file(path: &Path) -> Result<Self, TokenizerError> {
@@ -53,112 +67,27 @@ impl ModelTokenizer {
     }
 
     pub fn from_gguf_metadata(meta: &GgufMetadata) -> Result<Self, TokenizerError> {
-        let vocab = GgufVocab::from_metadata(meta)?;
-        let built = gguf_tokenizer::build(&vocab)?;
-        let is_added = |id: usize| {
-            use crate::gguf_vocab::TokenType::{Control, UserDefined};
-            matches!(vocab.types[id], Control | UserDefined)
-        };
-        let bytes = vocab
-            .tokens
-            .iter()
-            .enumerate()
-            .map(|(id, token)| match is_added(id) {
-                true => token.as_bytes().to_vec(),
-                false => built.encoding.token_bytes(token),
-            })
-            .collect();
-        let special = vocab
-            .types
-            .iter()
-            .map(|ty| *ty == crate::gguf_vocab::TokenType::Control)
-            .collect();
-        let text_of = |id: Option<u32>| {
-            id.and_then(|id| vocab.tokens.get(id as usize))
-                .cloned()
-                .unwrap_or_default()
-        };
-        let mut eos: Vec<u32> = vocab.eos.into_iter().chain(vocab.eot).collect();
-        eos.dedup();
-        let chat_template = vocab.chat_template.as_deref().map(|source| {
-            ChatTemplate::new(source, &text_of(vocab.bos), &text_of(vocab.eos))
-                .map_err(|e| e.to_string())
-        });
-        Ok(Self {
-            tokenizer: built.tokenizer,
-            bytes: TokenBytes::new(bytes),
-            special,
-            special_tokens: SpecialTokens {
-                bos: vocab.bos,
-                eos,
-                add_bos: built.add_bos,
-            },
-            chat_template,
-        })
+        Ok(Self::from_parts(gguf_tokenizer::parts(
+            &GgufVocab::from_metadata(meta)?,
+        )?))
     }
 
     /// Loads from a Hugging Face model folder (`tokenizer.json` required).
     pub fn from_hf_dir(dir: &Path) -> Result<Self, TokenizerError> {
-        let files = hf::read_dir(dir)?;
-        let tokenizer = files.tokenizer;
-        let size = tokenizer.get_vocab_size(true);
-        let added = tokenizer.get_added_tokens_decoder();
-        let mut special = vec![false; size];
-        for (id, token) in &added {
-            if let Some(slot) = special.get_mut(*id as usize) {
-                *slot = token.special;
-            }
-        }
-        let encoding = vocab_encoding(&tokenizer);
-        let bytes = (0..size as u32)
-            .map(|id| {
-                if let Some(token) = added.get(&id) {
-                    return token.content.as_bytes().to_vec();
-                }
-                match (encoding, tokenizer.id_to_token(id)) {
-                    (Some(enc), Some(token)) => enc.token_bytes(&token),
-                    // An unfamiliar decoder (WordPiece, …): ask it about the token alone.
-                    _ => tokenizer
-                        .decode(&[id], false)
-                        .unwrap_or_default()
-                        .into_bytes(),
-                }
-            })
-            .collect();
-        let id_of = |text: &Option<String>| text.as_deref().and_then(|t| tokenizer.token_to_id(t));
-        let bos = id_of(&files.bos_token).or(files.bos_token_id);
-        let mut eos: Vec<u32> = id_of(&files.eos_token).into_iter().collect();
-        for id in files.eos_token_ids {
-            if !eos.contains(&id) {
-                eos.push(id);
-            }
-        }
-        // The post-processor decides what `add_special_tokens` adds; ask it.
-        let add_bos = bos.is_some()
-            && tokenizer
-                .encode("a", true)
-                .map(|e| e.get_ids().first().copied() == bos)
-                .unwrap_or(false);
-        let text_of = |id: Option<u32>, text: &Option<String>| {
-            text.clone()
-                .or_else(|| id.and_then(|id| tokenizer.id_to_token(id)))
-                .unwrap_or_default()
-        };
-        let chat_template = files.chat_template.as_deref().map(|source| {
-            ChatTemplate::new(
-                source,
-                &text_of(bos, &files.bos_token),
-                &text_of(eos.first().copied(), &files.eos_token),
-            )
-            .map_err(|e| e.to_string())
+        Ok(Self::from_parts(hf::parts(dir)?))
+    }
+
+    fn from_parts(parts: TokenizerParts) -> Self {
+        let chat_template = parts.chat_template.map(|source| {
+            ChatTemplate::new(&source, &parts.bos_text, &parts.eos_text).map_err(|e| e.to_string())
         });
-        Ok(Self {
-            bytes: TokenBytes::new(bytes),
-            special,
-            special_tokens: SpecialTokens { bos, eos, add_bos },
+        Self {
+            tokenizer: parts.tokenizer,
+            bytes: TokenBytes::new(parts.token_bytes),
+            special: parts.special,
+            special_tokens: parts.special_tokens,
             chat_template,
-            tokenizer,
-        })
+        }
     }
 
     /// Token ids of `text`. Special tokens written in the text are matched (as TGI and
@@ -239,18 +168,5 @@ impl ModelTokenizer {
     /// The underlying `tokenizers` pipeline (e.g. to save as `tokenizer.json`).
     pub fn inner(&self) -> &Tokenizer {
         &self.tokenizer
-    }
-}
-
-/// Which byte encoding a Hugging Face pipeline's vocabulary uses, from its decoder.
-fn vocab_encoding(tokenizer: &Tokenizer) -> Option<VocabEncoding> {
-    let decoder = serde_json::to_value(tokenizer.get_decoder()?).ok()?;
-    let text = decoder.to_string();
-    if text.contains("\"ByteLevel\"") {
-        Some(VocabEncoding::ByteLevel)
-    } else if text.contains("\"ByteFallback\"") || text.contains("\"Metaspace\"") {
-        Some(VocabEncoding::SentencePiece)
-    } else {
-        None
     }
 }
