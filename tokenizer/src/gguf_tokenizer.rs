@@ -7,12 +7,12 @@ use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
-use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::models::bpe::{BpeBuilder, Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::template::{SpecialToken, TemplateProcessing};
-use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
+use tokenizers::{AddedToken, DecoderWrapper, SplitDelimiterBehavior, Tokenizer};
 
 use crate::error::TokenizerError;
 use crate::gguf_vocab::{GgufVocab, TokenType};
@@ -75,18 +75,45 @@ pub(crate) fn parts(vocab: &GgufVocab) -> Result<TokenizerParts, TokenizerError>
 }
 
 fn build(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError> {
-    match vocab.model.as_str() {
-        "gpt2" => build_byte_level(vocab),
-        "llama" => build_sentencepiece(vocab),
-        "gemma4" => build_gemma4(vocab),
-        other => Err(TokenizerError::UnsupportedModel {
-            found: other.to_string(),
-            supported: SUPPORTED_MODELS.to_string(),
-        }),
-    }
+    let Pipeline {
+        mut tokenizer,
+        encoding,
+        default_add_bos,
+    } = match vocab.model.as_str() {
+        "gpt2" => byte_level(vocab)?,
+        "llama" => sentencepiece(vocab)?,
+        "gemma4" => gemma4(vocab)?,
+        other => {
+            return Err(TokenizerError::UnsupportedModel {
+                found: other.to_string(),
+                supported: SUPPORTED_MODELS.to_string(),
+            })
+        }
+    };
+    add_special_tokens(&mut tokenizer, vocab);
+    let add_bos = vocab.add_bos.unwrap_or(default_add_bos);
+    set_post_processor(
+        &mut tokenizer,
+        vocab,
+        add_bos,
+        vocab.add_eos.unwrap_or(false),
+    )?;
+    Ok(BuiltTokenizer {
+        tokenizer,
+        encoding,
+        add_bos,
+    })
 }
 
-fn build_byte_level(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError> {
+/// A model-specific pipeline before its special tokens are added.
+struct Pipeline {
+    tokenizer: Tokenizer,
+    encoding: VocabEncoding,
+    /// llama.cpp's default when the file has no `add_bos_token`.
+    default_add_bos: bool,
+}
+
+fn byte_level(vocab: &GgufVocab) -> Result<Pipeline, TokenizerError> {
     // A missing `pre` is what old converters wrote; llama.cpp then guesses a generic
     // split and warns that quality degrades. Sonde refuses instead of guessing.
     let pre_name = vocab.pre.as_deref().unwrap_or("(missing)");
@@ -100,19 +127,15 @@ fn build_byte_level(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError>
     let mut tokenizer = Tokenizer::new(bpe);
     tokenizer.with_pre_tokenizer(Some(kind.build()?));
     tokenizer.with_decoder(Some(ByteLevel::new(false, false, false)));
-    add_special_tokens(&mut tokenizer, vocab);
-    // llama.cpp's defaults for byte-level vocabularies: no BOS, except Llama 3.
-    let add_bos = vocab.add_bos.unwrap_or(kind == PreTokenizerKind::Llama3);
-    let add_eos = vocab.add_eos.unwrap_or(false);
-    set_post_processor(&mut tokenizer, vocab, add_bos, add_eos)?;
-    Ok(BuiltTokenizer {
+    Ok(Pipeline {
         tokenizer,
         encoding: VocabEncoding::ByteLevel,
-        add_bos,
+        // No BOS for byte-level vocabularies, except Llama 3's.
+        default_add_bos: kind == PreTokenizerKind::Llama3,
     })
 }
 
-fn build_sentencepiece(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError> {
+fn sentencepiece(vocab: &GgufVocab) -> Result<Pipeline, TokenizerError> {
     if vocab.scores.is_empty() {
         return Err(TokenizerError::Metadata {
             key: "tokenizer.ggml.scores".into(),
@@ -121,20 +144,13 @@ fn build_sentencepiece(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerErr
     }
     let ids = token_ids(vocab);
     let merges = merges_from_scores(&vocab.tokens, &vocab.scores, &ids);
-    let mut builder = BPE::builder()
-        .vocab_and_merges(ids, merges)
-        .byte_fallback(true)
-        .fuse_unk(true);
-    if let Some(unk) = vocab.unk {
-        builder = builder.unk_token(vocab.tokens[unk as usize].clone());
-    }
-    let mut tokenizer = Tokenizer::new(builder.build()?);
-    let add_space_prefix = vocab.add_space_prefix.unwrap_or(true);
+    let bpe = byte_fallback_bpe(vocab, ids, merges)
+        .fuse_unk(true)
+        .build()?;
+    let mut tokenizer = Tokenizer::new(bpe);
     let mut normalizers = Vec::new();
-    let mut decoders = vec![Replace::new(SPM_SPACE, " ")?.into()];
-    decoders.push(ByteFallback::new().into());
-    decoders.push(Fuse::new().into());
-    if add_space_prefix {
+    let mut decoders = byte_fallback_decoders()?;
+    if vocab.add_space_prefix.unwrap_or(true) {
         normalizers.push(Prepend::new(SPM_SPACE.to_string()).into());
         // The prefix added on encode is removed on decode.
         decoders.push(Strip::new(' ', 1, 0).into());
@@ -142,54 +158,58 @@ fn build_sentencepiece(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerErr
     normalizers.push(Replace::new(" ", SPM_SPACE)?.into());
     tokenizer.with_normalizer(Some(NormalizerSequence::new(normalizers)));
     tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
-    add_special_tokens(&mut tokenizer, vocab);
-    let add_bos = vocab.add_bos.unwrap_or(true);
-    let add_eos = vocab.add_eos.unwrap_or(false);
-    set_post_processor(&mut tokenizer, vocab, add_bos, add_eos)?;
-    Ok(BuiltTokenizer {
+    Ok(Pipeline {
         tokenizer,
         encoding: VocabEncoding::SentencePiece,
-        add_bos,
+        default_add_bos: true,
     })
 }
 
 /// Gemma 4: BPE merges over raw UTF-8 text with spaces written as `▁` (no byte-level
 /// mapping), bytes outside the vocabulary as `<0xAB>` tokens, and no word split except
 /// around newline runs, which are single tokens when the vocabulary has them.
-fn build_gemma4(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError> {
+fn gemma4(vocab: &GgufVocab) -> Result<Pipeline, TokenizerError> {
     let ids = token_ids(vocab);
     let merges = usable_merges(&vocab.merges, &ids);
-    let mut builder = BPE::builder()
-        .vocab_and_merges(ids, merges)
-        .byte_fallback(true)
+    let bpe = byte_fallback_bpe(vocab, ids, merges)
         // Runs of newlines are vocabulary entries that no merge produces (SentencePiece
         // kept them as whole pieces); a word that is an entry is taken whole, as
         // llama.cpp does for them. Other entries are reachable by merges anyway.
-        .ignore_merges(true);
-    if let Some(unk) = vocab.unk {
-        builder = builder.unk_token(vocab.tokens[unk as usize].clone());
-    }
-    let mut tokenizer = Tokenizer::new(builder.build()?);
+        .ignore_merges(true)
+        .build()?;
+    let mut tokenizer = Tokenizer::new(bpe);
     tokenizer.with_normalizer(Some(Replace::new(" ", SPM_SPACE)?));
     tokenizer.with_pre_tokenizer(Some(Split::new(
         SplitPattern::Regex("[^\\n]+|[\\n]+".to_string()),
         SplitDelimiterBehavior::Isolated,
         false,
     )?));
-    tokenizer.with_decoder(Some(DecoderSequence::new(vec![
+    tokenizer.with_decoder(Some(DecoderSequence::new(byte_fallback_decoders()?)));
+    Ok(Pipeline {
+        tokenizer,
+        encoding: VocabEncoding::SentencePiece,
+        default_add_bos: true,
+    })
+}
+
+/// BPE over UTF-8 pieces where a character outside the vocabulary becomes `<0xAB>` tokens.
+fn byte_fallback_bpe(vocab: &GgufVocab, ids: Vocab, merges: Vec<(String, String)>) -> BpeBuilder {
+    let builder = BPE::builder()
+        .vocab_and_merges(ids, merges)
+        .byte_fallback(true);
+    match vocab.unk.and_then(|id| vocab.tokens.get(id as usize)) {
+        Some(unk) => builder.unk_token(unk.clone()),
+        None => builder,
+    }
+}
+
+/// `▁` back to spaces, `<0xAB>` tokens back to bytes, joined into one string.
+fn byte_fallback_decoders() -> Result<Vec<DecoderWrapper>, TokenizerError> {
+    Ok(vec![
         Replace::new(SPM_SPACE, " ")?.into(),
         ByteFallback::new().into(),
         Fuse::new().into(),
-    ])));
-    add_special_tokens(&mut tokenizer, vocab);
-    let add_bos = vocab.add_bos.unwrap_or(true);
-    let add_eos = vocab.add_eos.unwrap_or(false);
-    set_post_processor(&mut tokenizer, vocab, add_bos, add_eos)?;
-    Ok(BuiltTokenizer {
-        tokenizer,
-        encoding: VocabEncoding::SentencePiece,
-        add_bos,
-    })
+    ])
 }
 
 /// Token string → id. When a string occurs twice the later id wins, as in llama.cpp.
