@@ -81,20 +81,17 @@ impl ChatTemplate {
     }
 }
 
-/// The sentence and, where known, the template line; nested causes included, since
-/// minijinja puts the useful part of a `raise_exception` there.
+/// One sentence for the client. A template's own `raise_exception("...")` arrives as the
+/// detail of an invalid-operation error: that sentence is shown as the author wrote it,
+/// with the template line; other errors keep minijinja's wording, which names the line.
 fn template_error(err: Error) -> TokenizerError {
-    let mut msg = match err.kind() {
-        ErrorKind::InvalidOperation if err.detail().is_some() => {
-            err.detail().unwrap_or_default().to_string()
+    let msg = match (err.kind(), err.detail(), err.line()) {
+        (ErrorKind::InvalidOperation, Some(detail), Some(line)) => {
+            format!("{detail} (template line {line})")
         }
+        (ErrorKind::InvalidOperation, Some(detail), None) => detail.to_string(),
         _ => err.to_string(),
     };
-    if let Some(line) = err.line() {
-        if !msg.contains("line") {
-            msg.push_str(&format!(" (template line {line})"));
-        }
-    }
     TokenizerError::Template(msg)
 }
 
@@ -239,9 +236,9 @@ mod tests {
         let source = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('Conversation must start with a system message') }}{% endif %}";
         let err = render(source, &[json!({"role": "user", "content": "x"})], false).unwrap_err();
         assert!(matches!(err, TokenizerError::Template(_)));
-        assert!(
-            err.to_string().contains("must start with a system message"),
-            "{err}"
+        assert_eq!(
+            err.to_string(),
+            "chat template error: Conversation must start with a system message (template line 1)"
         );
     }
 
@@ -249,6 +246,8 @@ mod tests {
     fn syntax_error_is_reported_at_compile_time() {
         let err = ChatTemplate::new("{% for m in messages %}", "", "").unwrap_err();
         assert!(matches!(err, TokenizerError::Template(_)), "{err}");
+        assert!(err.to_string().contains("syntax error"), "{err}");
+        assert!(err.to_string().contains("chat:1"), "names the line: {err}");
     }
 
     #[test]

@@ -121,8 +121,14 @@ fn read_dir(dir: &Path) -> Result<HfFiles, TokenizerError> {
             "no tokenizer.json (only fast-tokenizer folders are supported)",
         ));
     }
-    let tokenizer = Tokenizer::from_file(&tokenizer_path)
+    let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
         .map_err(|e| hf_error(dir, &format!("tokenizer.json: {e}")))?;
+    // Some tokenizer.json files carry the truncation/padding of a training run (e.g.
+    // 512 tokens); applied here they would silently cut prompts. Limits are the router's.
+    tokenizer
+        .with_truncation(None)
+        .map_err(|e| hf_error(dir, &format!("tokenizer.json: {e}")))?;
+    tokenizer.with_padding(None);
     let config: TokenizerConfig = read_json(dir, "tokenizer_config.json")?.unwrap_or_default();
     let model: ModelConfig = read_json(dir, "config.json")?.unwrap_or_default();
 

@@ -188,3 +188,30 @@ fn token_spans_cover_the_text() {
         .collect();
     assert_eq!(digits, ["1", "2", "3", "4"]);
 }
+
+/// A `tokenizer.json` saved with truncation and padding (as some training runs leave
+/// them) must not cut or pad served prompts.
+#[test]
+fn truncation_and_padding_in_tokenizer_json_are_ignored() {
+    let (gguf, _) = load();
+    let src = data_dir().join("reference/smollm2-hf");
+    let dir = std::env::temp_dir().join(format!("sonde-trunc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer.json")).unwrap())
+            .unwrap();
+    spec["truncation"] = serde_json::json!({
+        "direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0
+    });
+    spec["padding"] = serde_json::json!({
+        "strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": null,
+        "pad_id": 2, "pad_type_id": 0, "pad_token": "<|im_end|>"
+    });
+    std::fs::write(dir.join("tokenizer.json"), spec.to_string()).unwrap();
+    let tokenizer = ModelTokenizer::from_hf_dir(&dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let text = "The capital of France is Paris, and it has been for a long time.";
+    let ids = tokenizer.unwrap().encode(text, true).unwrap();
+    assert!(ids.len() > 4 && ids.len() < 64, "{ids:?}");
+    assert_eq!(ids, gguf.encode(text, true).unwrap());
+}
