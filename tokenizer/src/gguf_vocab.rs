@@ -95,10 +95,12 @@ impl GgufVocab {
             let Some(value) = meta.get(key) else {
                 return Ok(None);
             };
+            // Some converters write -1, or another id outside the vocabulary, for "none";
+            // a u64 too large for i64 is such an id too.
             let id = value
-                .as_u64()
+                .as_i64()
+                .or_else(|| value.as_u64().map(|_| i64::MAX))
                 .ok_or_else(|| wrong_type(key, "an integer"))?;
-            // Some converters write -1 or an out-of-range id for "none".
             Ok(u32::try_from(id).ok().filter(|&id| (id as usize) < n))
         };
         Ok(Self {
@@ -173,6 +175,63 @@ fn wrong_type(key: &str, want: &str) -> TokenizerError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn metadata(entries: Vec<(&str, Value)>) -> GgufMetadata {
+        let mut meta = GgufMetadata::default();
+        meta.kv
+            .insert("tokenizer.ggml.model".into(), Value::String("gpt2".into()));
+        let tokens = ["a", "b"].map(|t| Value::String(t.into())).to_vec();
+        meta.kv
+            .insert("tokenizer.ggml.tokens".into(), Value::Array(tokens));
+        for (key, value) in entries {
+            meta.kv.insert(key.into(), value);
+        }
+        meta
+    }
+
+    #[test]
+    fn token_ids_of_none_are_absent_not_errors() {
+        let meta = metadata(vec![
+            ("tokenizer.ggml.bos_token_id", Value::I32(-1)),
+            ("tokenizer.ggml.eos_token_id", Value::U32(7)),
+            ("tokenizer.ggml.unknown_token_id", Value::U64(u64::MAX)),
+            ("tokenizer.ggml.eot_token_id", Value::U32(1)),
+        ]);
+        let vocab = GgufVocab::from_metadata(&meta).unwrap();
+        assert_eq!(
+            (vocab.bos, vocab.eos, vocab.unk, vocab.eot),
+            (None, None, None, Some(1))
+        );
+    }
+
+    #[test]
+    fn mismatched_array_lengths_and_types_are_named() {
+        let short = metadata(vec![(
+            "tokenizer.ggml.token_type",
+            Value::Array(vec![Value::I32(1)]),
+        )]);
+        let err = GgufVocab::from_metadata(&short).unwrap_err().to_string();
+        assert!(
+            err.contains("token_type") && err.contains("has 1 entries"),
+            "{err}"
+        );
+        let wrong = metadata(vec![(
+            "tokenizer.ggml.bos_token_id",
+            Value::String("1".into()),
+        )]);
+        let err = GgufVocab::from_metadata(&wrong).unwrap_err().to_string();
+        assert!(
+            err.contains("bos_token_id") && err.contains("integer"),
+            "{err}"
+        );
+        let mut none = metadata(vec![]);
+        none.kv.remove("tokenizer.ggml.tokens");
+        let err = GgufVocab::from_metadata(&none).unwrap_err().to_string();
+        assert!(
+            err.contains("tokenizer.ggml.tokens") && err.contains("missing"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn merges_split_at_the_first_space_after_the_first_char() {
