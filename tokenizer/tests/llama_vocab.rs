@@ -108,6 +108,17 @@ fn check_vocab(name: &str, prefix: Prefix) {
                 String::from_utf8_lossy(&bytes)
             ));
         }
+        // Streamed token by token, the text comes out whole: no chunk ends inside a
+        // character, so none carries U+FFFD (the inputs hold none).
+        let mut stream = tokenizer.stream_decoder();
+        let mut chunks: Vec<String> = expected
+            .iter()
+            .map(|&id| stream.push(tokenizer.token_bytes(id).unwrap()))
+            .collect();
+        chunks.push(stream.finish());
+        if chunks.concat() != want || chunks.iter().any(|c| c.contains('\u{FFFD}')) {
+            failures.push(format!("streaming {text:?}: got {chunks:?}"));
+        }
     }
     assert!(
         failures.is_empty(),
