@@ -31,7 +31,7 @@ impl VocabEncoding {
 
 /// One entry per token id.
 #[derive(Debug, Clone, Default)]
-pub struct TokenBytes {
+pub(crate) struct TokenBytes {
     table: Vec<Vec<u8>>,
 }
 
@@ -44,7 +44,6 @@ impl TokenBytes {
         self.table.get(id as usize).map(Vec::as_slice)
     }
 
-    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         self.table.len()
     }
