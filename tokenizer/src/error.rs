@@ -1,5 +1,6 @@
-//! The crate's one error type. The router maps these to HTTP: `Template` and `Encode` are
-//! the client's fault (422), the loading errors happen at startup only.
+//! The crate's one error type. The router maps it to HTTP: `Template` and `NoChatTemplate`
+//! answer a chat request the model cannot render (422); the others happen while loading
+//! a model, at startup.
 
 use std::path::PathBuf;
 
