@@ -1,6 +1,6 @@
 //! The crate's one error type. The router maps it to HTTP: `Template` and `NoChatTemplate`
-//! answer a chat request the model cannot render (422); the others happen while loading
-//! a model, at startup.
+//! answer a chat request the model cannot render (422); `Tokenizers` from encode/decode
+//! is the server's fault; the others happen while loading a model, at startup.
 
 use std::path::PathBuf;
 
