@@ -28,53 +28,8 @@ pub const SUPPORTED_MODELS: &str =
 /// SentencePiece's word-boundary marker, which stands for a space.
 pub(crate) const SPM_SPACE: &str = "\u{2581}";
 
-struct BuiltTokenizer {
-    tokenizer: Tokenizer,
-    encoding: VocabEncoding,
-    add_bos: bool,
-}
-
 /// Everything a `ModelTokenizer` needs, from the GGUF vocabulary.
 pub(crate) fn parts(vocab: &GgufVocab) -> Result<TokenizerParts, TokenizerError> {
-    let built = build(vocab)?;
-    let token_bytes = vocab
-        .tokens
-        .iter()
-        .zip(&vocab.types)
-        .map(|(token, ty)| match ty {
-            // Added tokens are stored as their literal text.
-            TokenType::Control | TokenType::UserDefined => token.as_bytes().to_vec(),
-            _ => built.encoding.token_bytes(token),
-        })
-        .collect();
-    let special = vocab
-        .types
-        .iter()
-        .map(|ty| *ty == TokenType::Control)
-        .collect();
-    let text_of = |id: Option<u32>| {
-        id.and_then(|id| vocab.tokens.get(id as usize))
-            .cloned()
-            .unwrap_or_default()
-    };
-    let mut eos: Vec<u32> = vocab.eos.into_iter().collect();
-    eos.extend(vocab.eot.filter(|id| Some(*id) != vocab.eos));
-    Ok(TokenizerParts {
-        tokenizer: built.tokenizer,
-        token_bytes,
-        special,
-        special_tokens: SpecialTokens {
-            bos: vocab.bos,
-            eos,
-            add_bos: built.add_bos,
-        },
-        chat_template: vocab.chat_template.clone(),
-        bos_text: text_of(vocab.bos),
-        eos_text: text_of(vocab.eos),
-    })
-}
-
-fn build(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError> {
     let Pipeline {
         mut tokenizer,
         encoding,
@@ -92,16 +47,43 @@ fn build(vocab: &GgufVocab) -> Result<BuiltTokenizer, TokenizerError> {
     };
     add_special_tokens(&mut tokenizer, vocab);
     let add_bos = vocab.add_bos.unwrap_or(default_add_bos);
-    set_post_processor(
-        &mut tokenizer,
-        vocab,
-        add_bos,
-        vocab.add_eos.unwrap_or(false),
-    )?;
-    Ok(BuiltTokenizer {
+    let add_eos = vocab.add_eos.unwrap_or(false);
+    set_post_processor(&mut tokenizer, vocab, add_bos, add_eos)?;
+
+    let token_bytes = vocab
+        .tokens
+        .iter()
+        .zip(&vocab.types)
+        .map(|(token, ty)| match ty {
+            // Added tokens are stored as their literal text.
+            TokenType::Control | TokenType::UserDefined => token.as_bytes().to_vec(),
+            _ => encoding.token_bytes(token),
+        })
+        .collect();
+    let special = vocab
+        .types
+        .iter()
+        .map(|ty| *ty == TokenType::Control)
+        .collect();
+    let text_of = |id: Option<u32>| {
+        id.and_then(|id| vocab.tokens.get(id as usize))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut eos: Vec<u32> = vocab.eos.into_iter().collect();
+    eos.extend(vocab.eot.filter(|id| Some(*id) != vocab.eos));
+    Ok(TokenizerParts {
         tokenizer,
-        encoding,
-        add_bos,
+        token_bytes,
+        special,
+        special_tokens: SpecialTokens {
+            bos: vocab.bos,
+            eos,
+            add_bos,
+        },
+        chat_template: vocab.chat_template.clone(),
+        bos_text: text_of(vocab.bos),
+        eos_text: text_of(vocab.eos),
     })
 }
 

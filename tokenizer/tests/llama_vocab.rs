@@ -11,11 +11,10 @@ use std::path::PathBuf;
 
 use sonde_tokenizer::{ChatInputs, ModelTokenizer, TokenizerError};
 
+mod common;
+
 fn vocab_dir() -> PathBuf {
-    let data = std::env::var_os("SONDE_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data"));
-    data.join("vocab")
+    common::data_dir().join("vocab")
 }
 
 fn vocab_file(name: &str) -> PathBuf {
@@ -94,10 +93,7 @@ fn check_vocab(name: &str, prefix: Prefix) {
                 "decode {expected:?}\n   expected {text:?}\n   got      {decoded:?}"
             ));
         }
-        let bytes: Vec<u8> = expected
-            .iter()
-            .flat_map(|&id| tokenizer.token_bytes(id).unwrap().to_vec())
-            .collect();
+        let bytes = common::concat_token_bytes(&tokenizer, expected);
         let want = match prefix {
             Prefix::Space if !text.is_empty() => format!(" {text}"),
             _ => text.clone(),

@@ -6,16 +6,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-
 use serde_json::Value;
 use sonde_tokenizer::{ChatInputs, ModelTokenizer};
 
-fn data_dir() -> PathBuf {
-    std::env::var_os("SONDE_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data"))
-}
+mod common;
+
+use common::data_dir;
 
 fn load() -> (ModelTokenizer, Value) {
     let data = data_dir();
@@ -58,10 +54,7 @@ fn check_cases(tokenizer: &ModelTokenizer, reference: &Value) {
             text,
             "decode {text:?}"
         );
-        let bytes: Vec<u8> = expected
-            .iter()
-            .flat_map(|&id| tokenizer.token_bytes(id).unwrap().to_vec())
-            .collect();
+        let bytes = common::concat_token_bytes(tokenizer, &expected);
         assert_eq!(bytes, text.as_bytes(), "token bytes of {text:?}");
     }
 }
