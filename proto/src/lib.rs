@@ -1,0 +1,40 @@
+//! Sonde's router <-> shard gRPC protocol, compiled once for both sides.
+//!
+//! `proto/generate.proto` is the source of truth and documents every field.
+
+/// Generated messages, client and server of `sonde.generate.v1`.
+pub mod v1 {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("sonde.generate.v1");
+}
+
+pub use v1::*;
+
+use std::path::{Path, PathBuf};
+
+use tonic::transport::{Channel, Endpoint};
+
+/// A client of the shard listening on the Unix socket `path`.
+pub async fn connect_uds(
+    path: &Path,
+) -> Result<
+    text_generation_service_client::TextGenerationServiceClient<Channel>,
+    tonic::transport::Error,
+> {
+    let path: PathBuf = path.to_path_buf();
+    // The URI is required by the API but unused: every connection goes to the socket.
+    let channel = Endpoint::from_static("http://shard")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await?;
+    Ok(
+        text_generation_service_client::TextGenerationServiceClient::new(channel)
+            .max_decoding_message_size(256 << 20)
+            .max_encoding_message_size(64 << 20),
+    )
+}

@@ -1,0 +1,444 @@
+//! The engine: owns the model, the cached batches and the KV budget, and runs the
+//! Prefill / Decode / FilterBatch / ClearCache protocol on one thread.
+
+mod scoring;
+mod sequence;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use candle_core::{Tensor, D};
+use sonde_proto as pb;
+
+use crate::error::EngineError;
+use crate::loader::{LoadedModel, ModelFacts};
+use crate::model::{Model, SeqCache, SeqSpan, StepInput};
+use crate::sampling::Sampler;
+use scoring::{first_prompt_token, Scorer};
+pub use sequence::MAX_LABEL_TOKENS;
+use sequence::{Sequence, ValidRequest};
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// KV cache budget over all held requests, in tokens (prompt + max_new_tokens each).
+    pub max_batch_total_tokens: usize,
+    /// Prompt positions whose logits exist at once when scoring a prompt, so that
+    /// positions × vocabulary never materialises in full.
+    pub prompt_logits_chunk: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_batch_total_tokens: 16_384,
+            prompt_logits_chunk: 64,
+        }
+    }
+}
+
+/// What one Prefill or Decode step produced.
+pub struct StepOutput {
+    pub generations: Vec<pb::Generation>,
+    /// The requests still running, under the step's batch id; none when all finished.
+    pub batch: Option<pb::CachedBatch>,
+    pub forward_ns: u64,
+}
+
+pub struct Engine {
+    model: Model,
+    facts: ModelFacts,
+    cfg: EngineConfig,
+    batches: HashMap<u64, Vec<Sequence>>,
+    /// Sum of the held sequences' reservations.
+    reserved: usize,
+    scorer: Scorer,
+}
+
+impl Engine {
+    pub fn new(loaded: LoadedModel, cfg: EngineConfig) -> Self {
+        Engine {
+            scorer: Scorer::new(loaded.facts.vocab_size),
+            model: loaded.model,
+            facts: loaded.facts,
+            cfg,
+            batches: HashMap::new(),
+            reserved: 0,
+        }
+    }
+
+    pub fn facts(&self) -> &ModelFacts {
+        &self.facts
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// KV cache tokens currently reserved by held requests.
+    pub fn reserved_tokens(&self) -> usize {
+        self.reserved
+    }
+
+    /// Runs the prompts of a new batch and returns each request's first token.
+    pub fn prefill(&mut self, batch: pb::Batch) -> Result<StepOutput, EngineError> {
+        let requests = self.admit(&batch)?;
+        let mut seqs = Vec::with_capacity(requests.len());
+        let mut prompts = Vec::with_capacity(requests.len());
+        for req in requests {
+            let cache = SeqCache::new(self.model.config(), req.reservation(), self.model.device())?;
+            let sampler = Sampler::new(req.sampling, &req.input_ids)
+                .map_err(|e| EngineError::InvalidRequest(format!("request {}: {e}", req.id)))?;
+            seqs.push(Sequence {
+                id: req.id,
+                cache,
+                sampler,
+                stopping: req.stopping,
+                scores: req.scores,
+                last_token: 0,
+                generated: 0,
+            });
+            prompts.push(req.input_ids);
+        }
+        self.reserved += seqs.iter().map(Sequence::reservation).sum::<usize>();
+        let started = Instant::now();
+        let result = self.prefill_step(&mut seqs, &prompts);
+        let forward_ns = started.elapsed().as_nanos() as u64;
+        self.finish_step(batch.id, seqs, result, forward_ns)
+    }
+
+    /// Advances the given batches by one token; they continue as one batch under the
+    /// first id.
+    pub fn decode(&mut self, batch_ids: &[u64]) -> Result<StepOutput, EngineError> {
+        let Some(&first) = batch_ids.first() else {
+            return Err(EngineError::InvalidRequest("Decode names no batch".into()));
+        };
+        if let Some(&missing) = batch_ids.iter().find(|id| !self.batches.contains_key(id)) {
+            return Err(EngineError::UnknownBatch(missing));
+        }
+        let mut seqs = Vec::new();
+        for id in batch_ids {
+            seqs.extend(self.batches.remove(id).unwrap_or_default());
+        }
+        let started = Instant::now();
+        let result = self.decode_step(&mut seqs);
+        let forward_ns = started.elapsed().as_nanos() as u64;
+        self.finish_step(first, seqs, result, forward_ns)
+    }
+
+    /// Keeps only `keep` of a held batch; the others' caches are freed.
+    pub fn filter(&mut self, batch_id: u64, keep: &[u64]) -> Result<pb::CachedBatch, EngineError> {
+        let seqs = self
+            .batches
+            .remove(&batch_id)
+            .ok_or(EngineError::UnknownBatch(batch_id))?;
+        let keep: HashSet<u64> = keep.iter().copied().collect();
+        let (kept, dropped): (Vec<_>, Vec<_>) =
+            seqs.into_iter().partition(|s| keep.contains(&s.id));
+        self.release(&dropped);
+        let cached = cached_batch(batch_id, &kept);
+        if !kept.is_empty() {
+            self.batches.insert(batch_id, kept);
+        }
+        Ok(cached)
+    }
+
+    /// Frees one batch, or all of them.
+    pub fn clear(&mut self, batch_id: Option<u64>) {
+        match batch_id {
+            Some(id) => {
+                if let Some(seqs) = self.batches.remove(&id) {
+                    self.release(&seqs);
+                }
+            }
+            None => {
+                self.batches.clear();
+                self.reserved = 0;
+            }
+        }
+    }
+
+    /// Runs a prefill as large as the router will send, and one decode step, so the first
+    /// real request finds its buffers and kernels ready; frees everything afterwards.
+    pub fn warmup(&mut self, req: &pb::WarmupRequest) -> Result<pb::WarmupResponse, EngineError> {
+        const NEW_TOKENS: usize = 2;
+        let budget = self.cfg.max_batch_total_tokens;
+        let input = (req.max_input_tokens as usize)
+            .min(self.facts.max_context.saturating_sub(NEW_TOKENS))
+            .max(1);
+        let mut left = (req.max_prefill_tokens as usize).min(budget).max(1);
+        let mut requests = Vec::new();
+        while left > 0 && (requests.len() + 1) * (input.min(left) + NEW_TOKENS) <= budget {
+            let len = input.min(left);
+            let id = u64::MAX - requests.len() as u64;
+            requests.push(pb::Request {
+                id,
+                input_ids: (0..len)
+                    .map(|i| (i % self.facts.vocab_size) as u32)
+                    .collect(),
+                stopping: Some(pb::StoppingParameters {
+                    max_new_tokens: NEW_TOKENS as u32,
+                    ignore_eos_token: true,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            left -= len;
+        }
+        let batch_id = u64::MAX;
+        self.prefill(pb::Batch {
+            id: batch_id,
+            requests,
+        })?;
+        if self.batches.contains_key(&batch_id) {
+            self.decode(&[batch_id])?;
+        }
+        self.clear(Some(batch_id));
+        Ok(pb::WarmupResponse {
+            max_batch_total_tokens: budget as u32,
+        })
+    }
+
+    /// Validates a new batch against the model and the budget; allocates nothing.
+    fn admit(&self, batch: &pb::Batch) -> Result<Vec<ValidRequest>, EngineError> {
+        if self.batches.contains_key(&batch.id) {
+            return Err(EngineError::InvalidRequest(format!(
+                "batch {} is already cached; batch ids must be new",
+                batch.id
+            )));
+        }
+        if batch.requests.is_empty() {
+            return Err(EngineError::InvalidRequest(format!(
+                "batch {} has no requests",
+                batch.id
+            )));
+        }
+        let mut held: HashSet<u64> = self.batches.values().flatten().map(|s| s.id).collect();
+        let mut valid = Vec::with_capacity(batch.requests.len());
+        for req in &batch.requests {
+            if !held.insert(req.id) {
+                return Err(EngineError::InvalidRequest(format!(
+                    "request id {} is already running on this shard",
+                    req.id
+                )));
+            }
+            valid.push(ValidRequest::validate(req.clone(), &self.facts)?);
+        }
+        let needed: usize = valid.iter().map(ValidRequest::reservation).sum();
+        let budget = self.cfg.max_batch_total_tokens;
+        let available = budget.saturating_sub(self.reserved);
+        if needed > available {
+            return Err(EngineError::OutOfBudget {
+                needed,
+                available,
+                budget,
+            });
+        }
+        Ok(valid)
+    }
+
+    fn prefill_step(
+        &mut self,
+        seqs: &mut [Sequence],
+        prompts: &[Vec<u32>],
+    ) -> Result<Vec<pb::Generation>, EngineError> {
+        let device = self.model.device().clone();
+        let mut spans = Vec::with_capacity(seqs.len());
+        let mut start = 0;
+        for p in prompts {
+            spans.push(SeqSpan {
+                start,
+                len: p.len(),
+            });
+            start += p.len();
+        }
+        let tokens = Tensor::new(prompts.concat(), &device)?;
+        let hidden = {
+            let mut caches: Vec<&mut SeqCache> = seqs.iter_mut().map(|s| &mut s.cache).collect();
+            self.model.forward(
+                &StepInput {
+                    tokens,
+                    spans: &spans,
+                },
+                &mut caches,
+            )?
+        };
+
+        // Last positions of the requests that did not ask for prompt scores, in one product.
+        let plain: Vec<usize> = (0..seqs.len())
+            .filter(|&i| !seqs[i].scores.prefill_logprobs)
+            .collect();
+        let last_rows: Vec<u32> = plain
+            .iter()
+            .map(|&i| (spans[i].start + spans[i].len - 1) as u32)
+            .collect();
+        let plain_logits = if last_rows.is_empty() {
+            Vec::new()
+        } else {
+            let rows = hidden.index_select(&Tensor::new(last_rows, &device)?, 0)?;
+            logits_rows(&self.model, &rows)?
+        };
+        let vocab = self.facts.vocab_size;
+
+        let mut generations = Vec::with_capacity(seqs.len());
+        for (i, seq) in seqs.iter_mut().enumerate() {
+            let prompt = &prompts[i];
+            let (prefill, last_row) = if seq.scores.prefill_logprobs {
+                let hidden = hidden.narrow(0, spans[i].start, spans[i].len)?;
+                self.score_prompt(seq, &hidden, prompt)?
+            } else {
+                let k = plain.iter().position(|&j| j == i).unwrap_or_default();
+                let row = plain_logits
+                    .get(k * vocab..(k + 1) * vocab)
+                    .ok_or_else(|| {
+                        EngineError::Scoring(format!("no logits row for request {}", seq.id))
+                    })?;
+                (Vec::new(), row.to_vec())
+            };
+            generations.push(self.generate(seq, &last_row, prefill)?);
+        }
+        Ok(generations)
+    }
+
+    /// Scores every prompt position of one sequence, a chunk of positions at a time, and
+    /// returns the scores and the logits row of the last position.
+    fn score_prompt(
+        &mut self,
+        seq: &Sequence,
+        hidden: &Tensor,
+        prompt: &[u32],
+    ) -> Result<(Vec<pb::TokenScores>, Vec<f32>), EngineError> {
+        let vocab = self.facts.vocab_size;
+        let mut scores = Vec::with_capacity(prompt.len());
+        scores.extend(prompt.first().map(|&t| first_prompt_token(t)));
+        let mut last = Vec::new();
+        let chunk = self.cfg.prompt_logits_chunk.max(1);
+        let mut begin = 0;
+        while begin < prompt.len() {
+            let len = chunk.min(prompt.len() - begin);
+            let logits = logits_rows(&self.model, &hidden.narrow(0, begin, len)?)?;
+            for (r, row) in logits.chunks_exact(vocab).enumerate() {
+                let pos = begin + r;
+                match prompt.get(pos + 1) {
+                    Some(&next) => scores.push(self.scorer.prompt_token(&seq.scores, row, next)?),
+                    None => last = row.to_vec(),
+                }
+            }
+            begin += len;
+        }
+        Ok((scores, last))
+    }
+
+    fn decode_step(&mut self, seqs: &mut [Sequence]) -> Result<Vec<pb::Generation>, EngineError> {
+        let device = self.model.device().clone();
+        let tokens = Tensor::new(
+            seqs.iter().map(|s| s.last_token).collect::<Vec<_>>(),
+            &device,
+        )?;
+        let spans: Vec<SeqSpan> = (0..seqs.len())
+            .map(|i| SeqSpan { start: i, len: 1 })
+            .collect();
+        let hidden = {
+            let mut caches: Vec<&mut SeqCache> = seqs.iter_mut().map(|s| &mut s.cache).collect();
+            self.model.forward(
+                &StepInput {
+                    tokens,
+                    spans: &spans,
+                },
+                &mut caches,
+            )?
+        };
+        let logits = logits_rows(&self.model, &hidden)?;
+        let vocab = self.facts.vocab_size;
+        seqs.iter_mut()
+            .zip(logits.chunks_exact(vocab))
+            .map(|(seq, row)| self.generate(seq, row, Vec::new()))
+            .collect()
+    }
+
+    /// Samples and scores a sequence's next token from its logits row.
+    fn generate(
+        &mut self,
+        seq: &mut Sequence,
+        row: &[f32],
+        prefill: Vec<pb::TokenScores>,
+    ) -> Result<pb::Generation, EngineError> {
+        if seq.stopping.max_new_tokens == 0 {
+            return Ok(pb::Generation {
+                request_id: seq.id,
+                prefill,
+                token: None,
+                finish_reason: Some(pb::FinishReason::Length as i32),
+                generated_tokens: 0,
+            });
+        }
+        let token = self.scorer.next_token(seq, row)?;
+        seq.generated += 1;
+        seq.last_token = token.id;
+        let finish = seq.stopping.finish_reason(token.id, seq.generated);
+        Ok(pb::Generation {
+            request_id: seq.id,
+            prefill,
+            token: Some(token),
+            finish_reason: finish.map(|f| f as i32),
+            generated_tokens: seq.generated as u32,
+        })
+    }
+
+    /// Keeps the unfinished sequences under `batch_id`; on error drops them all, since a
+    /// failed step leaves their caches half written.
+    fn finish_step(
+        &mut self,
+        batch_id: u64,
+        seqs: Vec<Sequence>,
+        result: Result<Vec<pb::Generation>, EngineError>,
+        forward_ns: u64,
+    ) -> Result<StepOutput, EngineError> {
+        let generations = match result {
+            Ok(g) => g,
+            Err(e) => {
+                self.release(&seqs);
+                return Err(e);
+            }
+        };
+        let finished: HashSet<u64> = generations
+            .iter()
+            .filter(|g| g.finish_reason.is_some())
+            .map(|g| g.request_id)
+            .collect();
+        let (running, done): (Vec<_>, Vec<_>) =
+            seqs.into_iter().partition(|s| !finished.contains(&s.id));
+        self.release(&done);
+        let batch = if running.is_empty() {
+            None
+        } else {
+            let cached = cached_batch(batch_id, &running);
+            self.batches.insert(batch_id, running);
+            Some(cached)
+        };
+        Ok(StepOutput {
+            generations,
+            batch,
+            forward_ns,
+        })
+    }
+
+    fn release(&mut self, seqs: &[Sequence]) {
+        let freed: usize = seqs.iter().map(Sequence::reservation).sum();
+        self.reserved = self.reserved.saturating_sub(freed);
+    }
+}
+
+/// Logits of hidden rows, flattened row-major (\[rows × vocab\]) on the host.
+fn logits_rows(model: &Model, hidden: &Tensor) -> Result<Vec<f32>, EngineError> {
+    let logits = model.logits(hidden)?;
+    debug_assert_eq!(logits.dim(D::Minus1).ok(), Some(model.config().vocab_size));
+    Ok(logits.flatten_all()?.to_vec1::<f32>()?)
+}
+
+fn cached_batch(id: u64, seqs: &[Sequence]) -> pb::CachedBatch {
+    pb::CachedBatch {
+        id,
+        request_ids: seqs.iter().map(|s| s.id).collect(),
+        reserved_tokens: seqs.iter().map(Sequence::reservation).sum::<usize>() as u32,
+    }
+}

@@ -1,0 +1,90 @@
+//! Turns rows of logits into chosen tokens and their scores, as protocol messages.
+
+use sonde_proto as pb;
+
+use super::sequence::{ScoreSpec, Sequence};
+use crate::error::EngineError;
+use crate::sampling::{score_token, ScoreMode, ScoreOptions, Scratch, TokenScores};
+
+/// Reusable buffers for one step's rows; owned by the engine thread.
+pub struct Scorer {
+    sample: Scratch,
+    score: Scratch,
+}
+
+impl Scorer {
+    pub fn new(vocab_size: usize) -> Self {
+        Scorer {
+            sample: Scratch::with_vocab(vocab_size),
+            score: Scratch::with_vocab(vocab_size),
+        }
+    }
+
+    /// Chooses the sequence's next token from `row` and scores it in the request's mode.
+    pub fn next_token(
+        &mut self,
+        seq: &mut Sequence,
+        row: &[f32],
+    ) -> Result<pb::TokenScores, EngineError> {
+        let choice = seq
+            .sampler
+            .next_token(row, &mut self.sample)
+            .map_err(|e| EngineError::Scoring(e.to_string()))?;
+        let token = choice.token;
+        let opts = options(&seq.scores, seq.scores.mode);
+        let scores = score_token(
+            row,
+            token,
+            &opts,
+            choice.processed_logprobs,
+            &mut self.score,
+        )
+        .map_err(|e| EngineError::Scoring(e.to_string()))?;
+        seq.sampler.push(token);
+        Ok(to_proto(token, scores))
+    }
+
+    /// Scores the prompt token that followed the position whose logits are `row`.
+    /// Prompt tokens were not sampled, so their scores are always the raw distribution's.
+    pub fn prompt_token(
+        &mut self,
+        spec: &ScoreSpec,
+        row: &[f32],
+        token: u32,
+    ) -> Result<pb::TokenScores, EngineError> {
+        let opts = options(spec, ScoreMode::Raw);
+        let scores = score_token(row, token, &opts, None, &mut self.score)
+            .map_err(|e| EngineError::Scoring(e.to_string()))?;
+        Ok(to_proto(token, scores))
+    }
+}
+
+/// The first prompt token: nothing precedes it, so it has an id and nothing else.
+pub fn first_prompt_token(token: u32) -> pb::TokenScores {
+    pb::TokenScores {
+        id: token,
+        ..Default::default()
+    }
+}
+
+fn options(spec: &ScoreSpec, mode: ScoreMode) -> ScoreOptions<'_> {
+    ScoreOptions {
+        top_n: spec.top_n,
+        return_logits: spec.return_logits,
+        label_ids: &spec.labels,
+        mode,
+    }
+}
+
+fn to_proto(token: u32, s: TokenScores) -> pb::TokenScores {
+    let (top_ids, top_logprobs) = s.top.into_iter().unzip();
+    pb::TokenScores {
+        id: token,
+        logprob: Some(s.logprob),
+        logit: s.logit,
+        rank: s.rank,
+        top_ids,
+        top_logprobs,
+        label_logprobs: s.labels,
+    }
+}

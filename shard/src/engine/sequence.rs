@@ -1,0 +1,177 @@
+//! One request as the engine holds it: validated options, its sampler and its KV cache.
+
+use sonde_proto as pb;
+
+use crate::error::EngineError;
+use crate::loader::ModelFacts;
+use crate::model::SeqCache;
+use crate::sampling::{Sampler, SamplingParams, ScoreMode};
+
+/// Most label ids a request may name; each costs a lookup per position.
+pub const MAX_LABEL_TOKENS: usize = 128;
+
+/// What a request asked to have reported, validated.
+#[derive(Debug, Clone)]
+pub struct ScoreSpec {
+    pub top_n: usize,
+    pub prefill_logprobs: bool,
+    pub mode: ScoreMode,
+    pub return_logits: bool,
+    pub labels: Vec<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Stopping {
+    pub max_new_tokens: usize,
+    pub stop_token_ids: Vec<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl Stopping {
+    /// Why generation ends after `token`, the `generated`-th token, if it does.
+    pub fn finish_reason(&self, token: u32, generated: usize) -> Option<pb::FinishReason> {
+        if self.eos_token_ids.contains(&token) {
+            Some(pb::FinishReason::EosToken)
+        } else if self.stop_token_ids.contains(&token) {
+            Some(pb::FinishReason::StopToken)
+        } else if generated >= self.max_new_tokens {
+            Some(pb::FinishReason::Length)
+        } else {
+            None
+        }
+    }
+}
+
+/// A request checked against the model, before anything is allocated for it.
+pub struct ValidRequest {
+    pub id: u64,
+    pub input_ids: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub stopping: Stopping,
+    pub scores: ScoreSpec,
+}
+
+impl ValidRequest {
+    /// KV cache tokens the request may use: its prompt and every token it may generate.
+    pub fn reservation(&self) -> usize {
+        self.input_ids.len() + self.stopping.max_new_tokens
+    }
+
+    pub fn validate(req: pb::Request, facts: &ModelFacts) -> Result<Self, EngineError> {
+        let id = req.id;
+        let bad = |msg: String| EngineError::InvalidRequest(format!("request {id}: {msg}"));
+        let vocab = facts.vocab_size;
+        if req.input_ids.is_empty() {
+            return Err(bad(
+                "input_ids is empty; a prompt needs at least one token".into()
+            ));
+        }
+        let check_ids = |field: &str, ids: &[u32]| match ids.iter().find(|&&t| t as usize >= vocab)
+        {
+            Some(t) => Err(bad(format!(
+                "{field} contains token id {t}, but the vocabulary has {vocab} tokens (ids 0..{})",
+                vocab - 1
+            ))),
+            None => Ok(()),
+        };
+        check_ids("input_ids", &req.input_ids)?;
+
+        let stopping = req.stopping.unwrap_or_default();
+        let score = req.scores.unwrap_or_default();
+        check_ids("stopping.stop_token_ids", &stopping.stop_token_ids)?;
+        check_ids("scores.logprob_token_ids", &score.logprob_token_ids)?;
+        if score.logprob_token_ids.len() > MAX_LABEL_TOKENS {
+            return Err(bad(format!(
+                "scores.logprob_token_ids names {} ids; at most {MAX_LABEL_TOKENS} are allowed",
+                score.logprob_token_ids.len()
+            )));
+        }
+        if score.top_n_tokens as usize > vocab {
+            return Err(bad(format!(
+                "scores.top_n_tokens is {}, more than the vocabulary's {vocab} tokens",
+                score.top_n_tokens
+            )));
+        }
+        let max_new_tokens = stopping.max_new_tokens as usize;
+        if max_new_tokens == 0 && !score.prefill_logprobs {
+            return Err(bad(
+                "stopping.max_new_tokens is 0 without scores.prefill_logprobs: \
+                 the request would compute nothing"
+                    .into(),
+            ));
+        }
+        let total = req.input_ids.len() + max_new_tokens;
+        if total > facts.max_context {
+            return Err(bad(format!(
+                "{} prompt tokens + max_new_tokens {max_new_tokens} = {total} exceeds the \
+                 model's context of {} tokens",
+                req.input_ids.len(),
+                facts.max_context
+            )));
+        }
+        let s = req.sampling.unwrap_or_default();
+        // proto3 cannot tell an unset float from 0; 0 means "off" for these (see the proto).
+        let or_off = |x: f32| if x == 0.0 { 1.0 } else { x };
+        let sampling = SamplingParams {
+            do_sample: s.do_sample,
+            temperature: or_off(s.temperature),
+            top_k: s.top_k,
+            top_p: or_off(s.top_p),
+            typical_p: or_off(s.typical_p),
+            repetition_penalty: or_off(s.repetition_penalty),
+            frequency_penalty: s.frequency_penalty,
+            seed: s.seed,
+        };
+        sampling.validate().map_err(|e| bad(e.to_string()))?;
+        let mode = match pb::LogprobsMode::try_from(score.logprobs_mode) {
+            Ok(pb::LogprobsMode::Raw) => ScoreMode::Raw,
+            Ok(pb::LogprobsMode::Processed) => ScoreMode::Processed,
+            Err(_) => {
+                return Err(bad(format!(
+                    "scores.logprobs_mode {} is not a known mode",
+                    score.logprobs_mode
+                )))
+            }
+        };
+        Ok(ValidRequest {
+            id,
+            input_ids: req.input_ids,
+            sampling,
+            stopping: Stopping {
+                max_new_tokens,
+                stop_token_ids: stopping.stop_token_ids,
+                eos_token_ids: if stopping.ignore_eos_token {
+                    Vec::new()
+                } else {
+                    facts.eos_token_ids.clone()
+                },
+            },
+            scores: ScoreSpec {
+                top_n: score.top_n_tokens as usize,
+                prefill_logprobs: score.prefill_logprobs,
+                mode,
+                return_logits: score.return_logits,
+                labels: score.logprob_token_ids,
+            },
+        })
+    }
+}
+
+/// A request the engine is running.
+pub struct Sequence {
+    pub id: u64,
+    pub cache: SeqCache,
+    pub sampler: Sampler,
+    pub stopping: Stopping,
+    pub scores: ScoreSpec,
+    /// The token the next decode step feeds in.
+    pub last_token: u32,
+    pub generated: usize,
+}
+
+impl Sequence {
+    /// KV cache tokens this sequence holds reserved.
+    pub fn reservation(&self) -> usize {
+        self.cache.capacity()
+    }
+}

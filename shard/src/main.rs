@@ -1,0 +1,117 @@
+//! `sonde-shard`: loads a model and serves it over gRPC on a Unix socket.
+//! Usually started by `sonde-launcher`; runnable alone for benchmarks and debugging.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use sonde_shard::engine::{Engine, EngineConfig};
+use sonde_shard::loader::{self, LoadOptions};
+use sonde_shard::model::QuantPolicy;
+use sonde_shard::server::{self, ServeConfig};
+
+#[derive(Parser, Debug)]
+#[command(name = "sonde-shard", version, about)]
+struct Args {
+    /// A `.gguf` file, or a Hugging Face folder with config.json, *.safetensors and
+    /// tokenizer files.
+    #[arg(long)]
+    model: PathBuf,
+    /// Unix socket to serve gRPC on.
+    #[arg(long, default_value = "/tmp/sonde-shard-0")]
+    uds_path: PathBuf,
+    /// KV cache budget in tokens over all running requests (prompt + max_new_tokens each).
+    #[arg(long, default_value_t = 16_384)]
+    max_batch_total_tokens: usize,
+    /// Prompt positions whose logits are computed at once when scoring prompts.
+    #[arg(long, default_value_t = 64)]
+    prompt_logits_chunk: usize,
+    /// What to do with GGUF block formats that lack fast CPU kernels.
+    #[arg(long, value_enum, default_value_t = Quant::Q8_0)]
+    gguf_quant: Quant,
+    /// Where the model runs.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
+    /// Log as JSON lines.
+    #[arg(long)]
+    json_output: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Quant {
+    /// Re-quantize Q4_0/Q4_1/Q5_0/Q5_1 matrices to Q8_0 at load.
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// Serve the blocks as stored.
+    Keep,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum DeviceArg {
+    Cpu,
+    /// The first CUDA GPU (needs a build with `--features cuda`).
+    Cuda,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logging(args.json_output);
+    let device = match args.device {
+        DeviceArg::Cpu => candle_core::Device::Cpu,
+        DeviceArg::Cuda => candle_core::Device::new_cuda(0)
+            .context("--device cuda needs a GPU and a build with `--features cuda`")?,
+    };
+    let opts = LoadOptions {
+        device,
+        quant_policy: match args.gguf_quant {
+            Quant::Q8_0 => QuantPolicy::RequantizeQ8_0,
+            Quant::Keep => QuantPolicy::Keep,
+        },
+    };
+    let loaded = loader::load(&args.model, &opts)
+        .with_context(|| format!("loading {}", args.model.display()))?;
+    let engine = Engine::new(
+        loaded,
+        EngineConfig {
+            max_batch_total_tokens: args.max_batch_total_tokens,
+            prompt_logits_chunk: args.prompt_logits_chunk,
+        },
+    );
+    server::serve(
+        ServeConfig {
+            uds_path: args.uds_path,
+        },
+        engine,
+        shutdown_signal(),
+    )
+    .await
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    tracing::info!("shard stopping");
+}

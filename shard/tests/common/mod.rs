@@ -1,0 +1,135 @@
+//! Helpers shared by the shard's integration tests: the real model, requests, and a
+//! driver that runs batches to completion the way the router would.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use candle_core::Device;
+use sonde_proto as pb;
+use sonde_shard::engine::{Engine, EngineConfig};
+use sonde_shard::loader::{self, LoadOptions};
+use sonde_shard::model::QuantPolicy;
+
+/// Where `scripts/test` puts fetched data and references (`SONDE_DATA_DIR`, else `data/`).
+pub fn data_dir() -> PathBuf {
+    std::env::var_os("SONDE_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data"))
+}
+
+pub fn gguf_path() -> PathBuf {
+    data_dir().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// The GGUF dequantized to an f32 Hugging Face folder by `scripts/gguf_to_hf.py`.
+pub fn hf_f32_path() -> PathBuf {
+    data_dir().join("models/smollm2-hf-f32")
+}
+
+pub fn engine(path: &std::path::Path, budget: usize) -> Engine {
+    engine_with(path, budget, QuantPolicy::default())
+}
+
+pub fn engine_with(path: &std::path::Path, budget: usize, policy: QuantPolicy) -> Engine {
+    let loaded = loader::load(
+        path,
+        &LoadOptions {
+            device: Device::Cpu,
+            quant_policy: policy,
+        },
+    )
+    .unwrap();
+    Engine::new(
+        loaded,
+        EngineConfig {
+            max_batch_total_tokens: budget,
+            prompt_logits_chunk: 16,
+        },
+    )
+}
+
+/// A request builder with greedy defaults.
+#[derive(Clone)]
+pub struct Req(pub pb::Request);
+
+impl Req {
+    pub fn new(id: u64, ids: &[u32], max_new_tokens: u32) -> Self {
+        Req(pb::Request {
+            id,
+            input_ids: ids.to_vec(),
+            sampling: Some(pb::SamplingParameters::default()),
+            stopping: Some(pb::StoppingParameters {
+                max_new_tokens,
+                ..Default::default()
+            }),
+            scores: Some(pb::ScoreOptions::default()),
+        })
+    }
+    pub fn scores(mut self, f: impl FnOnce(&mut pb::ScoreOptions)) -> Self {
+        f(self.0.scores.as_mut().unwrap());
+        self
+    }
+    pub fn sampling(mut self, f: impl FnOnce(&mut pb::SamplingParameters)) -> Self {
+        f(self.0.sampling.as_mut().unwrap());
+        self
+    }
+    pub fn ignore_eos(mut self) -> Self {
+        self.0.stopping.as_mut().unwrap().ignore_eos_token = true;
+        self
+    }
+}
+
+/// Everything the shard said about one request, in order.
+#[derive(Default, Debug, Clone)]
+pub struct Outcome {
+    pub prefill: Vec<pb::TokenScores>,
+    pub tokens: Vec<pb::TokenScores>,
+    pub finish_reason: Option<i32>,
+}
+
+impl Outcome {
+    pub fn ids(&self) -> Vec<u32> {
+        self.tokens.iter().map(|t| t.id).collect()
+    }
+}
+
+/// Collects generations into per-request outcomes.
+pub fn absorb(out: &mut HashMap<u64, Outcome>, generations: Vec<pb::Generation>) {
+    for g in generations {
+        let o = out.entry(g.request_id).or_default();
+        if !g.prefill.is_empty() {
+            o.prefill = g.prefill;
+        }
+        o.tokens.extend(g.token);
+        if g.finish_reason.is_some() {
+            o.finish_reason = g.finish_reason;
+        }
+    }
+}
+
+/// Prefills `requests` as one batch and decodes until every request finished.
+pub fn run_batch(engine: &mut Engine, batch_id: u64, requests: Vec<Req>) -> HashMap<u64, Outcome> {
+    let mut out = HashMap::new();
+    let step = engine
+        .prefill(pb::Batch {
+            id: batch_id,
+            requests: requests.into_iter().map(|r| r.0).collect(),
+        })
+        .unwrap();
+    absorb(&mut out, step.generations);
+    let mut batch = step.batch;
+    while let Some(b) = batch {
+        let step = engine.decode(&[b.id]).unwrap();
+        absorb(&mut out, step.generations);
+        batch = step.batch;
+    }
+    out
+}
+
+pub fn run_one(engine: &mut Engine, req: Req) -> Outcome {
+    let id = req.0.id;
+    run_batch(engine, 1_000_000 + id, vec![req])
+        .remove(&id)
+        .unwrap()
+}
