@@ -106,17 +106,20 @@ pub enum QuantPolicy {
     Keep,
 }
 
+/// An open GGUF file and the tensors read from it so far.
+pub struct GgufSource {
+    path: PathBuf,
+    content: gguf_file::Content,
+    reader: BufReader<File>,
+    policy: QuantPolicy,
+    /// The quantized tensors already read, so tied weights share one copy.
+    loaded: HashMap<String, Arc<QTensor>>,
+    /// Block formats seen, for the `dtype` the shard reports.
+    formats: Vec<String>,
+}
+
 pub enum WeightSource {
-    Gguf {
-        path: PathBuf,
-        content: gguf_file::Content,
-        reader: BufReader<File>,
-        policy: QuantPolicy,
-        /// The quantized tensors already read, so tied weights share one copy.
-        loaded: HashMap<String, Arc<QTensor>>,
-        /// Block formats seen, for the `dtype` the shard reports.
-        formats: Vec<String>,
-    },
+    Gguf(Box<GgufSource>),
     Safetensors {
         tensors: HashMap<String, Tensor>,
         /// Storage dtype in the files (computation is f32).
@@ -132,14 +135,14 @@ impl WeightSource {
         };
         let mut reader = BufReader::new(File::open(path).map_err(io_err)?);
         let content = gguf_file::Content::read(&mut reader)?;
-        Ok(WeightSource::Gguf {
+        Ok(WeightSource::Gguf(Box::new(GgufSource {
             path: path.to_path_buf(),
             content,
             reader,
             policy,
             loaded: HashMap::new(),
             formats: Vec::new(),
-        })
+        })))
     }
 
     /// Loads every `*.safetensors` of `dir` as f32 on `device`.
@@ -170,14 +173,14 @@ impl WeightSource {
 
     pub fn gguf_content(&self) -> Option<&gguf_file::Content> {
         match self {
-            WeightSource::Gguf { content, .. } => Some(content),
+            WeightSource::Gguf(g) => Some(&g.content),
             WeightSource::Safetensors { .. } => None,
         }
     }
 
     pub fn contains(&self, name: Name) -> bool {
         match self {
-            WeightSource::Gguf { content, .. } => content.tensor_infos.contains_key(&name.gguf()),
+            WeightSource::Gguf(g) => g.content.tensor_infos.contains_key(&name.gguf()),
             WeightSource::Safetensors { tensors, .. } => tensors.contains_key(&name.hf()),
         }
     }
@@ -185,7 +188,7 @@ impl WeightSource {
     /// A projection matrix, \[out, in\], ready to multiply activations.
     pub fn matrix(&mut self, name: Name, device: &Device) -> Result<QMatMul, LoadError> {
         match self {
-            WeightSource::Gguf { .. } => Ok(QMatMul::from_arc(self.gguf_qtensor(name, device)?)?),
+            WeightSource::Gguf(g) => Ok(QMatMul::from_arc(g.qtensor(name, device)?)?),
             WeightSource::Safetensors { tensors, .. } => {
                 let t = tensors
                     .get(&name.hf())
@@ -198,8 +201,8 @@ impl WeightSource {
     /// A norm weight or bias, as f32.
     pub fn vector(&mut self, name: Name, device: &Device) -> Result<Tensor, LoadError> {
         match self {
-            WeightSource::Gguf { .. } => Ok(self
-                .gguf_qtensor(name, device)?
+            WeightSource::Gguf(g) => Ok(g
+                .qtensor(name, device)?
                 .dequantize(device)?
                 .to_dtype(DType::F32)?),
             WeightSource::Safetensors { tensors, .. } => tensors
@@ -209,52 +212,10 @@ impl WeightSource {
         }
     }
 
-    fn gguf_qtensor(&mut self, name: Name, device: &Device) -> Result<Arc<QTensor>, LoadError> {
-        let WeightSource::Gguf {
-            path,
-            content,
-            reader,
-            policy,
-            loaded,
-            formats,
-        } = self
-        else {
-            return Err(LoadError::Config("not a GGUF source".into()));
-        };
-        let key = name.gguf();
-        if let Some(t) = loaded.get(&key) {
-            return Ok(t.clone());
-        }
-        if !content.tensor_infos.contains_key(&key) {
-            return Err(LoadError::MissingTensor(format!(
-                "{key} in {}",
-                path.display()
-            )));
-        }
-        let mut t = content.tensor(reader, &key, device)?;
-        let stored = t.dtype();
-        let slow = matches!(
-            stored,
-            GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1
-        );
-        let label = if slow && *policy == QuantPolicy::RequantizeQ8_0 {
-            t = QTensor::quantize(&t.dequantize(device)?, GgmlDType::Q8_0)?;
-            format!("q8_0 (requantized from {stored:?})").to_lowercase()
-        } else {
-            format!("{stored:?}").to_lowercase()
-        };
-        if t.rank() == 2 && !formats.contains(&label) {
-            formats.push(label);
-        }
-        let t = Arc::new(t);
-        loaded.insert(key, t.clone());
-        Ok(t)
-    }
-
     /// How the weights are stored as served, e.g. "q8_0 (requantized from q4_1), q8_0".
     pub fn dtype_label(&self) -> String {
         match self {
-            WeightSource::Gguf { formats, .. } => formats.join(", "),
+            WeightSource::Gguf(g) => g.formats.join(", "),
             WeightSource::Safetensors { stored, .. } if *stored == DType::F32 => "f32".into(),
             WeightSource::Safetensors { stored, .. } => {
                 format!("f32 (converted from {stored:?})").to_lowercase()
@@ -264,8 +225,41 @@ impl WeightSource {
 
     pub fn format_name(&self) -> &'static str {
         match self {
-            WeightSource::Gguf { .. } => "gguf",
+            WeightSource::Gguf(_) => "gguf",
             WeightSource::Safetensors { .. } => "safetensors",
         }
+    }
+}
+
+impl GgufSource {
+    fn qtensor(&mut self, name: Name, device: &Device) -> Result<Arc<QTensor>, LoadError> {
+        let key = name.gguf();
+        if let Some(t) = self.loaded.get(&key) {
+            return Ok(t.clone());
+        }
+        if !self.content.tensor_infos.contains_key(&key) {
+            return Err(LoadError::MissingTensor(format!(
+                "{key} in {}",
+                self.path.display()
+            )));
+        }
+        let mut t = self.content.tensor(&mut self.reader, &key, device)?;
+        let stored = t.dtype();
+        let slow = matches!(
+            stored,
+            GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1
+        );
+        let label = if slow && self.policy == QuantPolicy::RequantizeQ8_0 {
+            t = QTensor::quantize(&t.dequantize(device)?, GgmlDType::Q8_0)?;
+            format!("q8_0 (requantized from {stored:?})").to_lowercase()
+        } else {
+            format!("{stored:?}").to_lowercase()
+        };
+        if t.rank() == 2 && !self.formats.contains(&label) {
+            self.formats.push(label);
+        }
+        let t = Arc::new(t);
+        self.loaded.insert(key, t.clone());
+        Ok(t)
     }
 }

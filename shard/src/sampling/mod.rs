@@ -31,7 +31,7 @@ mod softmax;
 
 pub use order::{argmax, best_first, rank, top_n};
 pub use params::{ParamsError, SamplingParams};
-pub use processors::{process_logits_into, processed_logprobs, TokenCounts};
+pub use processors::{processed_logprobs, TokenCounts};
 pub use sampler::{Choice, SampleError, Sampler};
 pub use scores::{score_token, ScoreError, ScoreMode, ScoreOptions, TokenScores};
 pub use softmax::{log_softmax_in_place, log_softmax_into};
@@ -46,7 +46,8 @@ pub use softmax::{log_softmax_in_place, log_softmax_into};
 #[derive(Debug, Default, Clone)]
 pub struct Scratch {
     pub(crate) values: Vec<f32>,
-    pub(crate) ids: Vec<u32>,
+    pub(crate) keys: Vec<u64>,
+    pub(crate) weights: Vec<f64>,
 }
 
 impl Scratch {
@@ -58,7 +59,8 @@ impl Scratch {
     pub fn with_vocab(vocab_size: usize) -> Self {
         Self {
             values: Vec::with_capacity(vocab_size),
-            ids: Vec::with_capacity(vocab_size),
+            keys: Vec::with_capacity(vocab_size),
+            weights: Vec::with_capacity(vocab_size),
         }
     }
 }

@@ -2,6 +2,8 @@
 
 use std::cmp::Ordering;
 
+use super::Scratch;
+
 /// Orders `(id, value)` pairs best first: greater value first, equal values by smaller id.
 ///
 /// Greedy choice, top-N, rank, top-k and top-p must agree on ties or the reported scores
@@ -22,91 +24,140 @@ pub fn best_first(a_id: u32, a: f32, b_id: u32, b: f32) -> Ordering {
     by_value.then(a_id.cmp(&b_id))
 }
 
-/// [`best_first`] on ids into one row.
+/// Packs `(id, value)` into a u64 whose descending order is exactly [`best_first`]'s.
+///
+/// Selection and sorting over 49k entries then compare plain integers instead of
+/// chasing ids into the row and branching on NaN, several times faster. The high half
+/// maps the float's bits to an unsigned key that grows with the value (NaN lowest, both
+/// zeros alike); the low half is the id inverted, so that among equal values the smaller
+/// id has the greater key.
 #[inline]
-pub(crate) fn ids_best_first(values: &[f32], a: u32, b: u32) -> Ordering {
-    best_first(a, values[a as usize], b, values[b as usize])
+pub(crate) fn sort_key(id: u32, x: f32) -> u64 {
+    let v = if x.is_nan() {
+        0
+    } else if x == 0.0 {
+        0x8000_0000
+    } else {
+        let bits = x.to_bits();
+        if bits >> 31 == 1 {
+            !bits
+        } else {
+            bits | 0x8000_0000
+        }
+    };
+    (u64::from(v) << 32) | u64::from(u32::MAX - id)
+}
+
+/// The id packed by [`sort_key`].
+#[inline]
+pub(crate) fn key_id(key: u64) -> u32 {
+    u32::MAX - key as u32
+}
+
+/// Replaces `keys` with the [`sort_key`]s of `values`.
+pub(crate) fn fill_keys(keys: &mut Vec<u64>, values: &[f32]) {
+    keys.clear();
+    keys.extend(
+        values
+            .iter()
+            .enumerate()
+            .map(|(id, &x)| sort_key(id as u32, x)),
+    );
+}
+
+/// Descending order of keys: best first.
+#[inline]
+pub(crate) fn key_desc(a: &u64, b: &u64) -> Ordering {
+    b.cmp(a)
 }
 
 /// The best token of a row (ties to the smaller id); `None` only for an empty row.
 pub fn argmax(values: &[f32]) -> Option<u32> {
-    let mut best: Option<(u32, f32)> = None;
-    for (id, &v) in values.iter().enumerate() {
-        let id = id as u32;
-        match best {
-            Some((bid, bv)) if best_first(id, v, bid, bv) != Ordering::Less => {}
-            _ => best = Some((id, v)),
+    let (&first, rest) = values.split_first()?;
+    let (mut best_id, mut best) = (0, first);
+    for (i, &x) in rest.iter().enumerate() {
+        // Strictly greater, so ties keep the earlier (smaller) id; a NaN best yields to
+        // any number.
+        if x > best || (best.is_nan() && !x.is_nan()) {
+            best_id = i + 1;
+            best = x;
         }
     }
-    best.map(|(id, _)| id)
+    Some(best_id as u32)
 }
 
 /// 1-based rank of `id` in `values`: 1 + the tokens with a strictly greater value + the
-/// tokens with an equal value and a smaller id. `None` when `id` is outside the row.
+/// tokens with an equal value and a smaller id, in [`best_first`]'s order. `None` when
+/// `id` is outside the row.
 ///
 /// A counting pass, O(V), rather than a sort: only one token's rank is wanted.
 pub fn rank(values: &[f32], id: u32) -> Option<u32> {
     let v = *values.get(id as usize)?;
-    let better = values
-        .iter()
-        .enumerate()
-        .filter(|&(j, &x)| best_first(j as u32, x, id, v) == Ordering::Less)
-        .count();
+    let (before, _) = values.split_at(id as usize);
+    let better = if v.is_nan() {
+        values.iter().filter(|x| !x.is_nan()).count() + before.iter().filter(|x| x.is_nan()).count()
+    } else {
+        // Comparisons with NaN are false, so NaNs never count.
+        values.iter().filter(|&&x| x > v).count() + before.iter().filter(|&&x| x == v).count()
+    };
     Some(better as u32 + 1)
 }
 
 /// The `n` best `(id, value)` pairs, best first (ties to the smaller id); all of them when
-/// the row is shorter than `n`. `ids` is scratch space.
+/// the row is shorter than `n`.
 ///
 /// Exactly `n` entries even when values tie across the n-th place: the selection is by the
 /// total order, not by a value threshold. Partial selection then a sort of the head costs
 /// O(V) + O(n log n), against O(V log V) for sorting a 49k vocabulary every step.
-pub fn top_n(values: &[f32], n: usize, ids: &mut Vec<u32>) -> Vec<(u32, f32)> {
+pub fn top_n(values: &[f32], n: usize, scratch: &mut Scratch) -> Vec<(u32, f32)> {
+    top_n_keys(values, n, &mut scratch.keys)
+}
+
+pub(crate) fn top_n_keys(values: &[f32], n: usize, keys: &mut Vec<u64>) -> Vec<(u32, f32)> {
     let n = n.min(values.len());
     if n == 0 {
         return Vec::new();
     }
-    fill_ids(ids, values.len());
-    let cmp = |a: &u32, b: &u32| ids_best_first(values, *a, *b);
-    if n < ids.len() {
-        ids.select_nth_unstable_by(n - 1, cmp);
+    fill_keys(keys, values);
+    if n < keys.len() {
+        keys.select_nth_unstable_by(n - 1, key_desc);
     }
-    let head = &mut ids[..n];
-    head.sort_unstable_by(cmp);
-    head.iter().map(|&id| (id, values[id as usize])).collect()
+    let head = &mut keys[..n];
+    head.sort_unstable_by(key_desc);
+    head.iter()
+        .map(|&k| {
+            let id = key_id(k);
+            (id, values[id as usize])
+        })
+        .collect()
 }
 
-/// Resets `ids` to `0..len`.
-pub(crate) fn fill_ids(ids: &mut Vec<u32>, len: usize) {
-    ids.clear();
-    ids.extend(0..len as u32);
-}
-
-/// Hands `ids` to `visit` in the order `cmp`, sorting only as far as `visit` reads; stops
-/// when `visit` returns false. Returns how many ids were visited: on return
-/// `ids[..visited]` are the visited ids, in order.
+/// Hands `items` to `visit` in the order `cmp`, sorting only as far as `visit` reads;
+/// stops when `visit` returns false. Returns how many items were visited: on return
+/// `items[..visited]` are the visited ones, in order.
 ///
 /// Nucleus and typical sampling usually stop after a few dozen tokens; sorting the whole
-/// vocabulary for them every step would dominate the step. The ids are sorted in chunks
+/// vocabulary for them every step would dominate the step. The items are sorted in chunks
 /// that double in size (select the next chunk, then sort it), so an early stop costs O(V)
 /// and a walk over everything still costs O(V log V).
-pub(crate) fn walk_sorted<C, F>(ids: &mut [u32], cmp: C, mut visit: F) -> usize
+pub(crate) fn walk_sorted<T, C, F>(items: &mut [T], cmp: C, mut visit: F) -> usize
 where
-    C: Fn(&u32, &u32) -> Ordering,
-    F: FnMut(u32) -> bool,
+    T: Copy,
+    C: Fn(&T, &T) -> Ordering,
+    F: FnMut(T) -> bool,
 {
     let mut start = 0;
     let mut chunk = 64;
-    while start < ids.len() {
-        let rest = &mut ids[start..];
+    while start < items.len() {
+        let rest = &mut items[start..];
         let take = chunk.min(rest.len());
         if take < rest.len() {
             rest.select_nth_unstable_by(take - 1, &cmp);
         }
         let head = &mut rest[..take];
         head.sort_unstable_by(&cmp);
-        for (i, &id) in head.iter().enumerate() {
-            if !visit(id) {
+        for (i, &item) in head.iter().enumerate() {
+            if !visit(item) {
                 return start + i;
             }
         }
@@ -152,7 +203,7 @@ mod tests {
         // Three tokens tie at the top; a "keep everything >= the 2nd value" threshold would
         // return three, and an unstable sort could put id 4 before id 2.
         let v = [1.0, 3.0, 3.0, 2.0, 3.0];
-        let mut ids = Vec::new();
+        let mut ids = Scratch::new();
         assert_eq!(top_n(&v, 2, &mut ids), vec![(1, 3.0), (2, 3.0)]);
         assert_eq!(top_n(&v, 3, &mut ids), vec![(1, 3.0), (2, 3.0), (4, 3.0)]);
         assert_eq!(
@@ -166,7 +217,7 @@ mod tests {
 
     #[test]
     fn top_n_matches_a_full_sort() {
-        let mut ids = Vec::new();
+        let mut ids = Scratch::new();
         for seed in 0..4 {
             // Coarse rounding gives many ties.
             let mut v = logits(seed, 5000, 8.0, 0.25);
@@ -191,11 +242,44 @@ mod tests {
     #[test]
     fn nan_ranks_last_and_signed_zeros_tie() {
         let v = [f32::NAN, f32::NEG_INFINITY, 0.0, -0.0];
-        let mut ids = Vec::new();
+        let mut ids = Scratch::new();
         let got: Vec<u32> = top_n(&v, 4, &mut ids).iter().map(|p| p.0).collect();
         assert_eq!(got, vec![2, 3, 1, 0]);
         assert_eq!(argmax(&[f32::NAN, -1.0]), Some(1));
         assert_eq!(argmax(&[-0.0, 0.0]), Some(0));
+        assert_eq!(argmax(&[f32::NAN, f32::NAN, f32::NEG_INFINITY]), Some(2));
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), Some(0));
+        assert_eq!(argmax(&[f32::NEG_INFINITY, 2.0, f32::NAN, 2.0]), Some(1));
+    }
+
+    #[test]
+    fn sort_keys_order_exactly_like_best_first() {
+        let specials = [
+            f32::NAN,
+            -f32::NAN,
+            f32::NEG_INFINITY,
+            f32::MIN,
+            -1.5,
+            -f32::MIN_POSITIVE,
+            -1e-45,
+            -0.0,
+            0.0,
+            1e-45,
+            f32::MIN_POSITIVE,
+            1.5,
+            f32::MAX,
+            f32::INFINITY,
+        ];
+        for (i, &a) in specials.iter().enumerate() {
+            for (j, &b) in specials.iter().enumerate() {
+                for (ia, ib) in [(3u32, 5u32), (5, 3), (4, 4), (0, u32::MAX)] {
+                    let want = best_first(ia, a, ib, b);
+                    let got = key_desc(&sort_key(ia, a), &sort_key(ib, b));
+                    assert_eq!(got, want, "{i}:{a} id {ia} vs {j}:{b} id {ib}");
+                }
+            }
+            assert_eq!(key_id(sort_key(17, a)), 17);
+        }
     }
 
     #[test]
@@ -207,9 +291,17 @@ mod tests {
         assert_eq!(rank(&v, 0), Some(4));
         assert_eq!(rank(&v, 3), Some(5));
         assert_eq!(rank(&v, 5), None);
+        // NaN is below everything; NaNs tie among themselves.
+        let v = [f32::NAN, 1.0, f32::NEG_INFINITY, f32::NAN, -0.0, 0.0];
+        assert_eq!(rank(&v, 1), Some(1));
+        assert_eq!(rank(&v, 4), Some(2));
+        assert_eq!(rank(&v, 5), Some(3));
+        assert_eq!(rank(&v, 2), Some(4));
+        assert_eq!(rank(&v, 0), Some(5));
+        assert_eq!(rank(&v, 3), Some(6));
         // Rank agrees with the top-N order.
         let w = logits(7, 3000, 4.0, 0.5);
-        let mut ids = Vec::new();
+        let mut ids = Scratch::new();
         for (pos, (id, _)) in top_n(&w, 3000, &mut ids).into_iter().enumerate() {
             assert_eq!(rank(&w, id), Some(pos as u32 + 1));
         }
@@ -227,31 +319,31 @@ mod tests {
     fn walk_sorted_visits_in_order_and_stops() {
         let v = logits(11, 3000, 4.0, 0.125);
         let reference: Vec<u32> = full_sort(&v).iter().map(|p| p.0).collect();
-        let cmp = |a: &u32, b: &u32| ids_best_first(&v, *a, *b);
 
-        let mut ids = Vec::new();
-        fill_ids(&mut ids, v.len());
+        let mut keys = Vec::new();
+        fill_keys(&mut keys, &v);
         let mut seen = Vec::new();
-        let n = walk_sorted(&mut ids, cmp, |id| {
-            seen.push(id);
+        let n = walk_sorted(&mut keys, key_desc, |key| {
+            seen.push(key_id(key));
             true
         });
         assert_eq!(n, v.len());
         assert_eq!(seen, reference);
 
         for stop in [1, 50, 64, 65, 200, 2999] {
-            fill_ids(&mut ids, v.len());
+            fill_keys(&mut keys, &v);
             let mut seen = Vec::new();
-            let n = walk_sorted(&mut ids, cmp, |id| {
+            let n = walk_sorted(&mut keys, key_desc, |key| {
                 if seen.len() == stop {
                     return false;
                 }
-                seen.push(id);
+                seen.push(key_id(key));
                 true
             });
             assert_eq!(n, stop);
             assert_eq!(seen, reference[..stop]);
-            assert_eq!(ids[..stop], reference[..stop]);
+            let prefix: Vec<u32> = keys[..stop].iter().map(|&k| key_id(k)).collect();
+            assert_eq!(prefix, reference[..stop]);
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::order::{fill_ids, ids_best_first, walk_sorted};
+use super::order::{fill_keys, key_desc, key_id, sort_key, walk_sorted};
 use super::params::SamplingParams;
 use super::softmax::log_softmax_in_place;
 use super::Scratch;
@@ -62,25 +62,27 @@ pub fn processed_logprobs<'s>(
     if !params.has_processors() {
         return None;
     }
-    let Scratch { values, ids } = scratch;
-    process_logits_into(params, history, raw_logits, values, ids);
+    process_logits_into(params, history, raw_logits, scratch);
+    let values = &mut scratch.values;
     log_softmax_in_place(values);
     Some(values)
 }
 
-/// Replaces `out` with the processed logits of one row (not yet normalised): every
-/// processor of `params` applied to a copy of `raw_logits`, in the contract's order.
-/// Tokens outside the support end up -inf. `ids` is scratch space.
+/// Replaces `scratch.values` with the processed logits of one row (not yet normalised):
+/// every processor of `params` applied to a copy of `raw_logits`, in the contract's order.
+/// Tokens outside the support end up -inf.
 ///
 /// Greedy choice is made on these, before the log-softmax, because rounding in the
 /// log-softmax could turn two nearly equal logits into a tie.
-pub fn process_logits_into(
+pub(crate) fn process_logits_into(
     params: &SamplingParams,
     history: &TokenCounts,
     raw_logits: &[f32],
-    out: &mut Vec<f32>,
-    ids: &mut Vec<u32>,
+    scratch: &mut Scratch,
 ) {
+    let Scratch {
+        values: out, keys, ..
+    } = scratch;
     out.clear();
     out.extend_from_slice(raw_logits);
     if params.repetition_penalty != 1.0 {
@@ -93,13 +95,13 @@ pub fn process_logits_into(
         temperature(out, params.temperature);
     }
     if params.top_k != 0 {
-        top_k(out, params.top_k, ids);
+        top_k(out, params.top_k, keys);
     }
     if params.top_p < 1.0 {
-        top_p(out, params.top_p, ids);
+        top_p(out, params.top_p, keys);
     }
     if params.typical_p < 1.0 {
-        typical_p(out, params.typical_p, ids);
+        typical_p(out, params.typical_p, keys);
     }
 }
 
@@ -139,22 +141,28 @@ pub(crate) fn temperature(logits: &mut [f32], t: f32) {
 
 /// Keeps the `k` best tokens by the shared order, so a tie across the k-th place keeps the
 /// smaller ids and exactly k tokens survive.
-pub(crate) fn top_k(logits: &mut [f32], k: u32, ids: &mut Vec<u32>) {
+pub(crate) fn top_k(logits: &mut [f32], k: u32, keys: &mut Vec<u64>) {
     let k = k as usize;
     if k == 0 || k >= logits.len() {
         return;
     }
-    fill_ids(ids, logits.len());
-    ids.select_nth_unstable_by(k - 1, |a, b| ids_best_first(logits, *a, *b));
-    for &id in &ids[k..] {
-        logits[id as usize] = f32::NEG_INFINITY;
+    fill_keys(keys, logits);
+    keys.select_nth_unstable_by(k - 1, key_desc);
+    for &key in &keys[k..] {
+        logits[key_id(key) as usize] = f32::NEG_INFINITY;
     }
 }
 
 /// Nucleus: walks tokens from the most likely (ties to the smaller id) and keeps them until
 /// the kept probability reaches `p`; the first token is always kept. Probabilities are in
 /// f64 so the boundary does not move with f32 rounding of 49k small terms.
-pub(crate) fn top_p(logits: &mut [f32], p: f32, ids: &mut Vec<u32>) {
+///
+/// Only tokens that can be in the nucleus are sorted. Those with weight below
+/// `(1 - p) * total / (2V)` hold less than half the excluded mass `(1 - p) * total`
+/// between them, so the walk reaches `p` before any of them, by a margin far above f64
+/// rounding; they are dropped in the first pass. On a peaked distribution that leaves a
+/// handful of candidates out of 49k.
+pub(crate) fn top_p(logits: &mut [f32], p: f32, keys: &mut Vec<u64>) {
     if p >= 1.0 || p.is_nan() {
         return;
     }
@@ -165,21 +173,26 @@ pub(crate) fn top_p(logits: &mut [f32], p: f32, ids: &mut Vec<u32>) {
     let weight = |x: f32| nonneg(f64::from(x - max).exp());
     let total: f64 = logits.iter().map(|&x| weight(x)).sum();
     let target = f64::from(p) * total;
-    fill_ids(ids, logits.len());
+    let ln_floor = ((1.0 - f64::from(p)) * total / (2.0 * logits.len() as f64)).ln();
+    keys.clear();
+    for (id, x) in logits.iter_mut().enumerate() {
+        // NaN fails the comparison and is dropped too.
+        if f64::from(*x - max) >= ln_floor {
+            keys.push(sort_key(id as u32, *x));
+        } else {
+            *x = f32::NEG_INFINITY;
+        }
+    }
     let mut cum = 0.0;
-    let kept = walk_sorted(
-        ids,
-        |a, b| ids_best_first(logits, *a, *b),
-        |id| {
-            if cum >= target && cum > 0.0 {
-                return false;
-            }
-            cum += weight(logits[id as usize]);
-            true
-        },
-    );
-    for &id in &ids[kept..] {
-        logits[id as usize] = f32::NEG_INFINITY;
+    let kept = walk_sorted(keys, key_desc, |key| {
+        if cum >= target && cum > 0.0 {
+            return false;
+        }
+        cum += weight(logits[key_id(key) as usize]);
+        true
+    });
+    for &key in &keys[kept..] {
+        logits[key_id(key) as usize] = f32::NEG_INFINITY;
     }
 }
 
@@ -187,7 +200,11 @@ pub(crate) fn top_p(logits: &mut [f32], p: f32, ids: &mut Vec<u32>) {
 /// entropy, closest first (ties to the smaller id), finds the first place where the
 /// cumulative probability reaches `mass`, and keeps every token whose distance is at most
 /// that place's distance (so tokens tying with the boundary are kept too, as in HF).
-pub(crate) fn typical_p(logits: &mut [f32], mass: f32, ids: &mut Vec<u32>) {
+///
+/// Probabilities and the entropy are computed in f64; distances are then rounded to f32,
+/// the precision HF compares them in, so that they pack with the id into one integer sort
+/// key.
+pub(crate) fn typical_p(logits: &mut [f32], mass: f32, keys: &mut Vec<u64>) {
     if mass >= 1.0 || mass.is_nan() {
         return;
     }
@@ -214,38 +231,32 @@ pub(crate) fn typical_p(logits: &mut [f32], mass: f32, ids: &mut Vec<u32>) {
             }
         })
         .sum::<f64>();
-    let distance = |id: u32| {
-        let d = (logp(logits[id as usize]) + entropy).abs();
-        // -inf logits give +inf; NaN logits sort with them, last.
-        if d.is_nan() {
-            f64::INFINITY
-        } else {
-            d
-        }
-    };
+    // Ascending key order = distance ascending, then id ascending. A distance is >= 0, so
+    // its f32 bits grow with it; -inf logits give +inf and NaN logits join them, last.
+    keys.clear();
+    keys.extend(logits.iter().enumerate().map(|(id, &x)| {
+        let d = (logp(x) + entropy).abs() as f32;
+        let d = if d.is_nan() { f32::INFINITY } else { d };
+        (u64::from(d.to_bits()) << 32) | id as u64
+    }));
     let target = f64::from(mass);
-    fill_ids(ids, logits.len());
     let mut cum = 0.0;
-    let mut boundary: Option<f64> = None;
-    let kept = walk_sorted(
-        ids,
-        |a, b| distance(*a).total_cmp(&distance(*b)).then(a.cmp(b)),
-        |id| {
-            let d = distance(id);
-            if let Some(b) = boundary {
-                if d > b {
-                    return false;
-                }
+    let mut boundary: Option<u64> = None;
+    let kept = walk_sorted(keys, u64::cmp, |key| {
+        let d = key >> 32;
+        if let Some(b) = boundary {
+            if d > b {
+                return false;
             }
-            cum += nonneg(logp(logits[id as usize]).exp());
-            if boundary.is_none() && cum >= target {
-                boundary = Some(d);
-            }
-            true
-        },
-    );
-    for &id in &ids[kept..] {
-        logits[id as usize] = f32::NEG_INFINITY;
+        }
+        cum += nonneg(logp(logits[key as u32 as usize]).exp());
+        if boundary.is_none() && cum >= target {
+            boundary = Some(d);
+        }
+        true
+    });
+    for &key in &keys[kept..] {
+        logits[key as u32 as usize] = f32::NEG_INFINITY;
     }
 }
 

@@ -14,8 +14,8 @@ use super::Scratch;
 pub enum SampleError {
     #[error("the logits row is empty")]
     EmptyRow,
-    /// Every logit is -inf or NaN (or +inf made the row NaN): the model's output is
-    /// broken, and choosing token 0 silently would hide it.
+    /// Every logit is -inf or NaN, or one is +inf: the model's output is broken, and
+    /// choosing a token anyway would hide it.
     #[error("no token has a finite probability in the logits row")]
     NoSupport,
 }
@@ -83,15 +83,17 @@ impl Sampler {
             return Err(SampleError::EmptyRow);
         }
         if !self.params.has_processors() {
-            let token = self.choose(raw_logits)?;
+            let token = self.choose(raw_logits, &mut scratch.weights)?;
             return Ok(Choice {
                 token,
                 processed_logprobs: None,
             });
         }
-        let Scratch { values, ids } = scratch;
-        process_logits_into(&self.params, &self.history, raw_logits, values, ids);
-        let token = self.choose(values)?;
+        process_logits_into(&self.params, &self.history, raw_logits, scratch);
+        let Scratch {
+            values, weights, ..
+        } = scratch;
+        let token = self.choose(values, weights)?;
         log_softmax_in_place(values);
         let processed: &'s [f32] = values;
         Ok(Choice {
@@ -101,14 +103,14 @@ impl Sampler {
     }
 
     /// Greedy or sampled choice over (processed) logits.
-    fn choose(&mut self, logits: &[f32]) -> Result<u32, SampleError> {
+    fn choose(&mut self, logits: &[f32], weights: &mut Vec<f64>) -> Result<u32, SampleError> {
         if self.params.do_sample {
             let u = uniform(&mut self.rng);
-            draw(logits, u).ok_or(SampleError::NoSupport)
+            draw(logits, u, weights).ok_or(SampleError::NoSupport)
         } else {
             let token = argmax(logits).ok_or(SampleError::EmptyRow)?;
             let best = logits[token as usize];
-            if best.is_nan() || best == f32::NEG_INFINITY {
+            if !best.is_finite() {
                 return Err(SampleError::NoSupport);
             }
             Ok(token)
@@ -130,7 +132,8 @@ pub(crate) fn uniform(rng: &mut ChaCha8Rng) -> f64 {
 /// The walk goes over ids in ascending order, in f64, so the result depends only on the
 /// row and `u`, not on a sort's tie handling. Weights are `exp(x - max)`; a zero weight
 /// (-inf, underflow) or NaN can never be chosen. `None` when no weight is positive.
-pub(crate) fn draw(log_weights: &[f32], u: f64) -> Option<u32> {
+/// `weights` is scratch space: each exp is computed once, for the total and the walk.
+pub(crate) fn draw(log_weights: &[f32], u: f64, weights: &mut Vec<f64>) -> Option<u32> {
     let max = log_weights
         .iter()
         .copied()
@@ -146,12 +149,13 @@ pub(crate) fn draw(log_weights: &[f32], u: f64) -> Option<u32> {
             w
         }
     };
-    let total: f64 = log_weights.iter().map(|&x| weight(x)).sum();
+    weights.clear();
+    weights.extend(log_weights.iter().map(|&x| weight(x)));
+    let total: f64 = weights.iter().sum();
     let target = u * total;
     let mut cum = 0.0;
     let mut last = None;
-    for (id, &x) in log_weights.iter().enumerate() {
-        let w = weight(x);
+    for (id, &w) in weights.iter().enumerate() {
         if w > 0.0 {
             cum += w;
             last = Some(id as u32);
@@ -160,7 +164,8 @@ pub(crate) fn draw(log_weights: &[f32], u: f64) -> Option<u32> {
             }
         }
     }
-    // Only reachable through rounding with u just below 1.
+    // Only reachable when u * total rounds up to total (u just below 1): the walk adds
+    // the same terms in the same order as the total, so it ends exactly at the total.
     last
 }
 

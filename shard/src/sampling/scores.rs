@@ -1,6 +1,6 @@
 //! Scores of one token at one position: generated tokens and prompt positions alike.
 
-use super::order::{rank, top_n};
+use super::order::{rank, top_n_keys};
 use super::softmax::log_softmax_into;
 use super::Scratch;
 
@@ -77,7 +77,7 @@ pub fn score_token(
     if let Some(&id) = opts.label_ids.iter().find(|&&id| id as usize >= vocab) {
         return Err(ScoreError::LabelOutOfRange { id, vocab });
     }
-    let Scratch { values, ids } = scratch;
+    let Scratch { values, keys, .. } = scratch;
     let logprobs: &[f32] = match (opts.mode, processed_logprobs) {
         (ScoreMode::Processed, Some(processed)) => {
             if processed.len() != vocab {
@@ -102,7 +102,7 @@ pub fn score_token(
         logprob: logprobs[token as usize],
         logit,
         rank,
-        top: top_n(logprobs, opts.top_n, ids),
+        top: top_n_keys(logprobs, opts.top_n, keys),
         labels: opts
             .label_ids
             .iter()

@@ -1,6 +1,6 @@
 //! Helpers shared by the shard's integration tests: the real model, requests, and a
 //! driver that runs batches to completion the way the router would.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -105,10 +105,9 @@ fn reference(p: &SamplingParams, history: &[u32], raw: &[f32]) -> Vec<f64> {
 }
 
 fn process(p: &SamplingParams, history: &[u32], raw: &[f32]) -> Vec<f32> {
-    let mut out = Vec::new();
-    let mut ids = Vec::new();
-    process_logits_into(p, &TokenCounts::from_ids(history), raw, &mut out, &mut ids);
-    out
+    let mut scratch = Scratch::new();
+    process_logits_into(p, &TokenCounts::from_ids(history), raw, &mut scratch);
+    scratch.values
 }
 
 #[test]
@@ -342,8 +341,14 @@ fn pipeline_matches_the_longhand_reference() {
             ..Default::default()
         },
     ];
-    for seed in 0..3 {
-        let raw = logits(100 + seed, 2000, 6.0, 0.0);
+    // The full vocabulary with a wide spread exercises top-p's candidate pre-filter.
+    for (seed, vocab, spread) in [
+        (100, 2000, 6.0),
+        (101, 2000, 6.0),
+        (102, 2000, 6.0),
+        (103, 49152, 25.0),
+    ] {
+        let raw = logits(seed, vocab, spread, 0.0);
         for p in &combos {
             let want = reference(p, &history, &raw);
             let mut scratch = Scratch::new();

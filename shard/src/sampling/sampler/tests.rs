@@ -168,12 +168,13 @@ fn processed_draws_respect_the_support() {
 #[test]
 fn draw_walks_ids_in_order_and_skips_zero_weights() {
     let row = [f32::NEG_INFINITY, 0.0, f32::NAN, 0.0, f32::NEG_INFINITY];
-    assert_eq!(draw(&row, 0.0), Some(1));
-    assert_eq!(draw(&row, 0.4999), Some(1));
-    assert_eq!(draw(&row, 0.5), Some(3));
-    assert_eq!(draw(&row, 1.0 - f64::EPSILON), Some(3));
-    assert_eq!(draw(&[f32::NEG_INFINITY; 3], 0.3), None);
-    assert_eq!(draw(&[], 0.3), None);
+    let w = &mut Vec::new();
+    assert_eq!(draw(&row, 0.0, w), Some(1));
+    assert_eq!(draw(&row, 0.4999, w), Some(1));
+    assert_eq!(draw(&row, 0.5, w), Some(3));
+    assert_eq!(draw(&row, 1.0 - f64::EPSILON, w), Some(3));
+    assert_eq!(draw(&[f32::NEG_INFINITY; 3], 0.3, w), None);
+    assert_eq!(draw(&[], 0.3, w), None);
 }
 
 #[test]
@@ -200,6 +201,10 @@ fn broken_rows_are_errors_not_tokens() {
         assert_eq!(s.next_token(&[], &mut scratch), Err(SampleError::EmptyRow));
         assert_eq!(
             s.next_token(&[f32::NEG_INFINITY, f32::NAN], &mut scratch),
+            Err(SampleError::NoSupport)
+        );
+        assert_eq!(
+            s.next_token(&[1.0, f32::INFINITY], &mut scratch),
             Err(SampleError::NoSupport)
         );
     }

@@ -1,0 +1,280 @@
+//! The shard's scores against an independent float64 numpy forward pass
+//! (`scripts/reference_forward.py`, weights dequantized by the `gguf` package).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use sonde_proto as pb;
+use sonde_shard::model::QuantPolicy;
+
+struct RefPrompt {
+    ids: Vec<u32>,
+    /// logprob\[p\] of ids\[p\]; None at p = 0.
+    logprob: Vec<Option<f64>>,
+    /// labels\[p\]\[j\]: the distribution after ids\[..=p\] at label_ids\[j\].
+    labels: Vec<Vec<f64>>,
+    top: Vec<Vec<(u32, f64)>>,
+    greedy: Vec<u32>,
+    greedy_logprobs: Vec<f64>,
+    greedy_margin: Vec<f64>,
+}
+
+struct Reference {
+    label_ids: Vec<u32>,
+    prompts: Vec<RefPrompt>,
+}
+
+fn reference() -> Reference {
+    let path = data_dir().join("reference/forward.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/test)", path.display()));
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let u32s = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let f64s = |v: &Value| -> Vec<f64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    let prompts = v["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| RefPrompt {
+            ids: u32s(&p["ids"]),
+            logprob: p["logprob"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(Value::as_f64)
+                .collect(),
+            labels: p["labels"].as_array().unwrap().iter().map(f64s).collect(),
+            top: p["top"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|row| {
+                    row.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|e| (e[0].as_u64().unwrap() as u32, e[1].as_f64().unwrap()))
+                        .collect()
+                })
+                .collect(),
+            greedy: u32s(&p["greedy"]),
+            greedy_logprobs: f64s(&p["greedy_logprobs"]),
+            greedy_margin: f64s(&p["greedy_margin"]),
+        })
+        .collect();
+    Reference {
+        label_ids: u32s(&v["label_ids"]),
+        prompts,
+    }
+}
+
+/// |Δ| statistics over every scored number of every prompt.
+#[derive(Default)]
+struct Deltas {
+    max: f64,
+    sum: f64,
+    n: usize,
+}
+
+impl Deltas {
+    fn add(&mut self, a: f64, b: f64) {
+        let d = (a - b).abs();
+        assert!(d.is_finite(), "non-finite difference between {a} and {b}");
+        self.max = self.max.max(d);
+        self.sum += d;
+        self.n += 1;
+    }
+    fn mean(&self) -> f64 {
+        self.sum / self.n as f64
+    }
+}
+
+/// Scores every prompt position (prompt logprobs and labels) and the first generated
+/// token, and compares them with the reference.
+fn compare_prompt_scores(path: &std::path::Path) -> (Deltas, Deltas, usize) {
+    compare_prompt_scores_with(path, QuantPolicy::default())
+}
+
+fn compare_prompt_scores_with(
+    path: &std::path::Path,
+    policy: QuantPolicy,
+) -> (Deltas, Deltas, usize) {
+    let r = reference();
+    let mut engine = engine_with(path, 4096, policy);
+    let mut prompt = Deltas::default();
+    let mut labels = Deltas::default();
+    let mut positions = 0;
+    for (i, p) in r.prompts.iter().enumerate() {
+        let req = Req::new(i as u64, &p.ids, 1).ignore_eos().scores(|s| {
+            s.prefill_logprobs = true;
+            s.logprob_token_ids = r.label_ids.clone();
+        });
+        let out = run_one(&mut engine, req);
+        assert_eq!(out.prefill.len(), p.ids.len());
+        assert_eq!(out.prefill[0].logprob, None);
+        for (pos, got) in out.prefill.iter().enumerate() {
+            assert_eq!(got.id, p.ids[pos]);
+            if let Some(want) = p.logprob[pos] {
+                prompt.add(got.logprob.unwrap() as f64, want);
+                positions += 1;
+            }
+            // Labels at position pos describe the distribution after ids[..pos].
+            if pos > 0 {
+                for (g, w) in got.label_logprobs.iter().zip(&p.labels[pos - 1]) {
+                    labels.add(*g as f64, *w);
+                }
+            }
+        }
+        // The first generated token comes from the distribution after the whole prompt.
+        let first = &out.tokens[0];
+        for (g, w) in first.label_logprobs.iter().zip(p.labels.last().unwrap()) {
+            labels.add(*g as f64, *w);
+        }
+    }
+    (prompt, labels, positions)
+}
+
+#[test]
+fn f32_safetensors_matches_float64_reference_within_1e_3() {
+    let (prompt, labels, positions) = compare_prompt_scores(&hf_f32_path());
+    eprintln!(
+        "f32 safetensors vs f64 reference over {positions} prompt positions: \
+         prompt logprobs max |Δ| {:.2e} mean {:.2e}; label logprobs max {:.2e} mean {:.2e}",
+        prompt.max,
+        prompt.mean(),
+        labels.max,
+        labels.mean()
+    );
+    assert!(positions >= 200, "only {positions} scored positions");
+    assert!(prompt.max <= 1e-3, "prompt logprob max |Δ| {}", prompt.max);
+    // Labels include very unlikely tokens (logprob ≈ -30), whose f32 error is larger
+    // in absolute terms but still tiny relative to their size.
+    assert!(labels.max <= 1e-3, "label logprob max |Δ| {}", labels.max);
+}
+
+/// The bound for the quantized path comes from its measurement (see the issue-3 note):
+/// re-quantizing Q4_1 to Q8_0 and candle's 8-bit activation quantization put the mean
+/// |Δ| near 0.02 and the max near 0.2 on these prompts; the bounds leave about 2x room.
+#[test]
+fn gguf_path_stays_within_measured_quantization_noise() {
+    let (prompt, labels, positions) = compare_prompt_scores(&gguf_path());
+    eprintln!(
+        "GGUF (q8_0) vs f64 reference over {positions} prompt positions: \
+         prompt logprobs max |Δ| {:.3e} mean {:.3e}; label logprobs max {:.3e} mean {:.3e}",
+        prompt.max,
+        prompt.mean(),
+        labels.max,
+        labels.mean()
+    );
+    assert!(prompt.mean() <= 0.05, "mean |Δ| {}", prompt.mean());
+    assert!(prompt.max <= 0.5, "max |Δ| {}", prompt.max);
+}
+
+/// Greedy continuations: the f32 path reproduces the reference's tokens wherever the
+/// reference's top-2 margin is not a near tie, and its chosen-token logprobs.
+#[test]
+fn f32_greedy_matches_reference_tokens_and_logprobs() {
+    let r = reference();
+    let mut engine = engine(&hf_f32_path(), 8192);
+    let requests = r
+        .prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Req::new(i as u64, &p.ids, 32).ignore_eos())
+        .collect();
+    let out = run_batch(&mut engine, 1, requests);
+    let mut worst: f64 = 0.0;
+    for (i, p) in r.prompts.iter().enumerate() {
+        let got = &out[&(i as u64)];
+        for step in 0..32 {
+            assert_eq!(
+                got.tokens[step].id, p.greedy[step],
+                "prompt {i} step {step} (reference margin {})",
+                p.greedy_margin[step]
+            );
+            let d = (got.tokens[step].logprob.unwrap() as f64 - p.greedy_logprobs[step]).abs();
+            worst = worst.max(d);
+        }
+    }
+    eprintln!("f32 greedy: 8 prompts × 32 steps identical; chosen logprob max |Δ| {worst:.2e}");
+    assert!(worst <= 1e-3, "{worst}");
+}
+
+/// The GGUF and safetensors paths give the same greedy tokens for 32 steps.
+#[test]
+fn gguf_and_safetensors_paths_agree_on_greedy_tokens() {
+    let r = reference();
+    let run = |path: &std::path::Path| {
+        let mut engine = engine(path, 8192);
+        let requests = r
+            .prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Req::new(i as u64, &p.ids, 32).ignore_eos())
+            .collect();
+        run_batch(&mut engine, 1, requests)
+    };
+    let q = run(&gguf_path());
+    let f = run(&hf_f32_path());
+    for i in 0..r.prompts.len() as u64 {
+        assert_eq!(q[&i].ids(), f[&i].ids(), "prompt {i}");
+    }
+}
+
+/// The reference's top-10 after each prompt position, as the f32 path ranks it.
+#[test]
+fn f32_top_tokens_match_reference_order() {
+    let r = reference();
+    let mut engine = engine(&hf_f32_path(), 4096);
+    let p = &r.prompts[7];
+    let out = run_one(
+        &mut engine,
+        Req::new(1, &p.ids, 1).ignore_eos().scores(|s| {
+            s.prefill_logprobs = true;
+            s.top_n_tokens = 5;
+        }),
+    );
+    let mut checked = 0;
+    for pos in 1..p.ids.len() {
+        let want = &p.top[pos - 1];
+        let got: &pb::TokenScores = &out.prefill[pos];
+        for k in 0..5 {
+            // Neighbours closer than f32 noise may legitimately swap.
+            let gap_ok =
+                want[k].1 - want[k + 1].1 > 1e-3 && (k == 0 || want[k - 1].1 - want[k].1 > 1e-3);
+            if gap_ok {
+                assert_eq!(got.top_ids[k], want[k].0, "position {pos} rank {k}");
+                assert!((got.top_logprobs[k] as f64 - want[k].1).abs() <= 1e-3);
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 400, "{checked}");
+}
+
+#[test]
+#[ignore = "measurement for the notes: Q4_1 blocks as stored (slow scalar kernel)"]
+fn gguf_q4_1_as_stored_noise() {
+    let (prompt, labels, positions) = compare_prompt_scores_with(&gguf_path(), QuantPolicy::Keep);
+    eprintln!(
+        "GGUF (q4_1 kept) vs f64 reference over {positions} prompt positions: \
+         prompt logprobs max |Δ| {:.3e} mean {:.3e}; label logprobs max {:.3e} mean {:.3e}",
+        prompt.max,
+        prompt.mean(),
+        labels.max,
+        labels.mean()
+    );
+}
