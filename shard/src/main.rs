@@ -26,8 +26,8 @@ struct Args {
     /// Prompt positions whose logits are computed at once when scoring prompts.
     #[arg(long, default_value_t = 64)]
     prompt_logits_chunk: usize,
-    /// What to do with GGUF block formats that lack fast CPU kernels.
-    #[arg(long, value_enum, default_value_t = Quant::Q8_0)]
+    /// What to do with GGUF block formats at load.
+    #[arg(long, value_enum, default_value_t = Quant::Keep)]
     gguf_quant: Quant,
     /// Where the model runs.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
@@ -39,11 +39,11 @@ struct Args {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Quant {
+    /// Serve the blocks as stored (exact scores for the file's weights).
+    Keep,
     /// Re-quantize Q4_0/Q4_1/Q5_0/Q5_1 matrices to Q8_0 at load.
     #[value(name = "q8_0")]
     Q8_0,
-    /// Serve the blocks as stored.
-    Keep,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

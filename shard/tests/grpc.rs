@@ -1,6 +1,8 @@
 //! The shard over real gRPC on a Unix socket, with the real model: each test starts its own
 //! server in-process (`sonde_shard::server::serve`) and talks to it through
 //! `sonde_proto::connect_uds`, the client the router uses.
+// The harness below is test code too: a failed step should fail the test right there.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -165,22 +165,24 @@ fn f32_safetensors_matches_float64_reference_within_1e_3() {
     assert!(labels.max <= 1e-3, "label logprob max |Δ| {}", labels.max);
 }
 
-/// The bound for the quantized path comes from its measurement (see the issue-3 note):
-/// re-quantizing Q4_1 to Q8_0 and candle's 8-bit activation quantization put the mean
-/// |Δ| near 0.02 and the max near 0.2 on these prompts; the bounds leave about 2x room.
+/// The quantized path serves the file's own weights: Sonde's kernels multiply the Q4_1 /
+/// Q8_0 blocks by f32 activations, so the only difference from the float64 reference is
+/// f32 arithmetic. Measured: max |Δ| 2.3e-5, mean 2.1e-6 on the prompt logprobs (labels:
+/// 6.3e-5, 6.2e-6) — the same as the f32 safetensors path; the bounds leave ~40x room.
 #[test]
-fn gguf_path_stays_within_measured_quantization_noise() {
+fn gguf_path_matches_float64_reference_within_1e_3() {
     let (prompt, labels, positions) = compare_prompt_scores(&gguf_path());
     eprintln!(
-        "GGUF (q8_0) vs f64 reference over {positions} prompt positions: \
+        "GGUF (as stored) vs f64 reference over {positions} prompt positions: \
          prompt logprobs max |Δ| {:.3e} mean {:.3e}; label logprobs max {:.3e} mean {:.3e}",
         prompt.max,
         prompt.mean(),
         labels.max,
         labels.mean()
     );
-    assert!(prompt.mean() <= 0.05, "mean |Δ| {}", prompt.mean());
-    assert!(prompt.max <= 0.5, "max |Δ| {}", prompt.max);
+    assert!(prompt.max <= 1e-3, "max |Δ| {}", prompt.max);
+    assert!(prompt.mean() <= 1e-4, "mean |Δ| {}", prompt.mean());
+    assert!(labels.max <= 2e-3, "label max |Δ| {}", labels.max);
 }
 
 /// Greedy continuations: the f32 path reproduces the reference's tokens wherever the
@@ -266,11 +268,12 @@ fn f32_top_tokens_match_reference_order() {
 }
 
 #[test]
-#[ignore = "measurement for the notes: Q4_1 blocks as stored (slow scalar kernel)"]
-fn gguf_q4_1_as_stored_noise() {
-    let (prompt, labels, positions) = compare_prompt_scores_with(&gguf_path(), QuantPolicy::Keep);
+#[ignore = "measurement for the notes: the --gguf-quant q8_0 option"]
+fn gguf_requantized_q8_0_noise() {
+    let (prompt, labels, positions) =
+        compare_prompt_scores_with(&gguf_path(), QuantPolicy::RequantizeQ8_0);
     eprintln!(
-        "GGUF (q4_1 kept) vs f64 reference over {positions} prompt positions: \
+        "GGUF (requantized to q8_0) vs f64 reference over {positions} prompt positions: \
          prompt logprobs max |Δ| {:.3e} mean {:.3e}; label logprobs max {:.3e} mean {:.3e}",
         prompt.max,
         prompt.mean(),

@@ -7,30 +7,63 @@ use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Result, Tensor};
 
 use super::config::{ModelConfig, RopeStyle};
+use super::cpu_matmul::CpuQuantMatrix;
+
+/// How a projection multiplies.
+enum Kernel {
+    /// Sonde's exact, batch-invariant CPU kernel (Q4_0, Q4_1, Q8_0, dense f32).
+    Cpu(CpuQuantMatrix),
+    /// candle's: other block formats, and every format on GPUs.
+    Candle(QMatMul),
+}
 
 /// A projection `x @ W^T (+ b)` over rows of activations.
 pub struct Linear {
-    weight: QMatMul,
+    kernel: Kernel,
     bias: Option<Tensor>,
 }
 
 impl Linear {
+    /// Takes Sonde's CPU kernel when it covers the weight's format and device.
     pub fn new(weight: QMatMul, bias: Option<Tensor>) -> Self {
-        Linear { weight, bias }
+        let cpu = match &weight {
+            QMatMul::QTensor(t) if t.device().is_cpu() => CpuQuantMatrix::from_qtensor(t),
+            QMatMul::Tensor(t) => CpuQuantMatrix::from_dense(t),
+            _ => None,
+        };
+        let kernel = match cpu {
+            Some(m) => Kernel::Cpu(m),
+            None => Kernel::Candle(weight),
+        };
+        Linear { kernel, bias }
     }
 
     /// `xs`: \[rows, in\] → \[rows, out\].
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        let ys = self.weight.forward(xs)?;
+        let ys = match &self.kernel {
+            Kernel::Cpu(m) => m.forward(xs)?,
+            Kernel::Candle(w) => w.forward(xs)?,
+        };
         match &self.bias {
             Some(b) => ys.broadcast_add(b),
             None => Ok(ys),
         }
     }
+}
 
-    /// Rows of the weight matrix as f32 (for a tied embedding).
-    pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
-        self.weight.embedding(ids)?.to_dtype(DType::F32)
+/// The token embedding table (which may be quantized, and shared with the output layer).
+pub struct Embedding {
+    table: QMatMul,
+}
+
+impl Embedding {
+    pub fn new(table: QMatMul) -> Self {
+        Embedding { table }
+    }
+
+    /// Rows of the table as f32: \[tokens\] → \[tokens, hidden\].
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.table.embedding(ids)?.to_dtype(DType::F32)
     }
 }
 

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Result, Tensor};
 
 use super::config::ModelConfig;
 use super::kv_cache::SeqCache;
-use super::layers::{Linear, RmsNorm, Rotary};
+use super::layers::{Embedding, Linear, RmsNorm, Rotary};
 use super::weights::{LayerTensor as L, Name, WeightSource};
 use crate::error::LoadError;
 
@@ -54,7 +54,7 @@ struct DecoderLayer {
 
 pub struct Model {
     cfg: ModelConfig,
-    embedding: Linear,
+    embedding: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
@@ -85,7 +85,7 @@ impl Model {
         device: &Device,
     ) -> std::result::Result<Self, LoadError> {
         let mut matrix = |name| src.matrix(name, device);
-        let embedding = Linear::new(matrix(Name::Embedding)?, None);
+        let embedding = Embedding::new(matrix(Name::Embedding)?);
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let n = |t| Name::Layer(i, t);
@@ -182,7 +182,7 @@ impl Model {
             seqs,
         };
 
-        let mut xs = self.embedding.embedding(&input.tokens)?;
+        let mut xs = self.embedding.forward(&input.tokens)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.attn_norm.forward(&xs)?;
             let h = layer.attn.forward(i, &h, &ctx, caches)?;

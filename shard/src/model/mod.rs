@@ -1,6 +1,7 @@
 //! The model: its shape, weights and the batched forward pass.
 
 pub mod config;
+pub mod cpu_matmul;
 pub mod kv_cache;
 pub mod layers;
 pub mod llama;

@@ -94,16 +94,16 @@ impl Name {
     }
 }
 
-/// What to do at load with GGUF block formats whose CPU kernels are slow.
+/// What to do at load with GGUF block formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum QuantPolicy {
-    /// Q4_0/Q4_1/Q5_0/Q5_1 matrices become Q8_0: candle's Q4_1 dot product is scalar while
-    /// Q8_0 has SIMD kernels, and an 8-bit grid per 32 values is finer than the 4-bit one,
-    /// so the re-quantization error is far below the original quantization's.
+    /// Serve the blocks exactly as stored: Sonde's CPU kernels multiply Q4_0, Q4_1 and
+    /// Q8_0 by f32 activations, so scores are those of the file's weights.
     #[default]
-    RequantizeQ8_0,
-    /// Serve the blocks exactly as stored.
     Keep,
+    /// Q4_0/Q4_1/Q5_0/Q5_1 matrices become Q8_0 (for devices whose kernels favour it).
+    /// An 8-bit grid per 32 values is finer than a 4-bit one, but the weights change.
+    RequantizeQ8_0,
 }
 
 /// An open GGUF file and the tensors read from it so far.
