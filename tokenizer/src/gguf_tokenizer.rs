@@ -45,7 +45,7 @@ pub(crate) fn parts(vocab: &GgufVocab) -> Result<TokenizerParts, TokenizerError>
             })
         }
     };
-    add_special_tokens(&mut tokenizer, vocab);
+    add_special_tokens(&mut tokenizer, vocab)?;
     let add_bos = vocab.add_bos.unwrap_or(default_add_bos);
     let add_eos = vocab.add_eos.unwrap_or(false);
     set_post_processor(&mut tokenizer, vocab, add_bos, add_eos)?;
@@ -138,7 +138,7 @@ fn sentencepiece(vocab: &GgufVocab) -> Result<Pipeline, TokenizerError> {
         decoders.push(Strip::new(' ', 1, 0).into());
     }
     normalizers.push(Replace::new(" ", SPM_SPACE)?.into());
-    tokenizer.with_normalizer(Some(NormalizerSequence::new(normalizers)));
+    tokenizer.with_normalizer(Some(NormalizerSequence::new(normalizers)))?;
     tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
     Ok(Pipeline {
         tokenizer,
@@ -160,7 +160,7 @@ fn gemma4(vocab: &GgufVocab) -> Result<Pipeline, TokenizerError> {
         .ignore_merges(true)
         .build()?;
     let mut tokenizer = Tokenizer::new(bpe);
-    tokenizer.with_normalizer(Some(Replace::new(" ", SPM_SPACE)?));
+    tokenizer.with_normalizer(Some(Replace::new(" ", SPM_SPACE)?))?;
     tokenizer.with_pre_tokenizer(Some(Split::new(
         SplitPattern::Regex("[^\\n]+|[\\n]+".to_string()),
         SplitDelimiterBehavior::Isolated,
@@ -218,7 +218,7 @@ fn usable_merges(merges: &[(String, String)], ids: &Vocab) -> Vec<(String, Strin
 
 /// Control tokens become special added tokens; user-defined tokens are matched verbatim
 /// in text too, but are ordinary text when decoding.
-fn add_special_tokens(tokenizer: &mut Tokenizer, vocab: &GgufVocab) {
+fn add_special_tokens(tokenizer: &mut Tokenizer, vocab: &GgufVocab) -> Result<(), TokenizerError> {
     let added = |wanted: TokenType, special: bool| -> Vec<AddedToken> {
         vocab
             .tokens
@@ -228,8 +228,9 @@ fn add_special_tokens(tokenizer: &mut Tokenizer, vocab: &GgufVocab) {
             .map(|(token, _)| AddedToken::from(token.clone(), special).normalized(false))
             .collect()
     };
-    tokenizer.add_special_tokens(&added(TokenType::Control, true));
-    tokenizer.add_tokens(&added(TokenType::UserDefined, false));
+    tokenizer.add_special_tokens(added(TokenType::Control, true))?;
+    tokenizer.add_tokens(added(TokenType::UserDefined, false))?;
+    Ok(())
 }
 
 /// Adds BOS/EOS around an encoded text when `add_special_tokens` is asked for.
