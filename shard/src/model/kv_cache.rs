@@ -4,28 +4,48 @@ use candle_core::{DType, Device, Result, Tensor};
 
 use super::config::ModelConfig;
 
-struct LayerCache {
-    /// \[kv_heads, capacity, head_dim\]
-    k: Tensor,
-    v: Tensor,
+/// One layer's keys and values, `[kv_heads, capacity, head_dim]` each.
+enum LayerStore {
+    /// In host memory, for the CPU attention kernel to read and write directly.
+    Host { k: Vec<f32>, v: Vec<f32> },
+    /// On the model's device, for candle's ops.
+    Device { k: Tensor, v: Tensor },
 }
 
 /// Preallocated for the sequence's whole reservation (prompt + max_new_tokens), so a step
 /// writes in place and never copies the past.
 pub struct SeqCache {
-    layers: Vec<LayerCache>,
+    layers: Vec<LayerStore>,
     len: usize,
     capacity: usize,
+    head_dim: usize,
+}
+
+/// A host layer's cached keys and values, as the CPU attention kernel sees them.
+pub struct HostLayer<'a> {
+    pub k: &'a mut [f32],
+    pub v: &'a mut [f32],
+    /// Tokens cached before this step.
+    pub past: usize,
+    pub capacity: usize,
 }
 
 impl SeqCache {
     pub fn new(cfg: &ModelConfig, capacity: usize, device: &Device) -> Result<Self> {
         let shape = (cfg.num_kv_heads, capacity, cfg.head_dim);
+        let elems = cfg.num_kv_heads * capacity * cfg.head_dim;
         let layers = (0..cfg.num_layers)
             .map(|_| {
-                Ok(LayerCache {
-                    k: Tensor::zeros(shape, DType::F32, device)?,
-                    v: Tensor::zeros(shape, DType::F32, device)?,
+                Ok(if device.is_cpu() {
+                    LayerStore::Host {
+                        k: vec![0.0; elems],
+                        v: vec![0.0; elems],
+                    }
+                } else {
+                    LayerStore::Device {
+                        k: Tensor::zeros(shape, DType::F32, device)?,
+                        v: Tensor::zeros(shape, DType::F32, device)?,
+                    }
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -33,6 +53,7 @@ impl SeqCache {
             layers,
             len: 0,
             capacity,
+            head_dim: cfg.head_dim,
         })
     }
 
@@ -49,9 +70,22 @@ impl SeqCache {
         self.capacity
     }
 
-    /// Writes `k`, `v` (\[kv_heads, new, head_dim\]) after the cached tokens of `layer` and
-    /// returns every cached key and value so far, this step's included.
-    pub fn append(&self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    /// The layer's host buffers, when the cache lives on the host.
+    pub fn host_layer(&mut self, layer: usize) -> Option<HostLayer<'_>> {
+        match self.layers.get_mut(layer)? {
+            LayerStore::Host { k, v } => Some(HostLayer {
+                k,
+                v,
+                past: self.len,
+                capacity: self.capacity,
+            }),
+            LayerStore::Device { .. } => None,
+        }
+    }
+
+    /// Writes `k`, `v` (\[kv_heads, new, head_dim\]) after the cached tokens of a device
+    /// layer and returns every cached key and value so far, this step's included.
+    pub fn append_device(&self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let new = k.dim(1)?;
         let end = self.len + new;
         if end > self.capacity {
@@ -60,16 +94,20 @@ impl SeqCache {
                 self.capacity
             );
         }
-        let Some(cache) = self.layers.get(layer) else {
-            candle_core::bail!("KV cache has no layer {layer}");
+        let Some(LayerStore::Device { k: kc, v: vc }) = self.layers.get(layer) else {
+            candle_core::bail!("KV cache has no device layer {layer}");
         };
-        cache.k.slice_set(k, 1, self.len)?;
-        cache.v.slice_set(v, 1, self.len)?;
-        Ok((cache.k.narrow(1, 0, end)?, cache.v.narrow(1, 0, end)?))
+        kc.slice_set(k, 1, self.len)?;
+        vc.slice_set(v, 1, self.len)?;
+        Ok((kc.narrow(1, 0, end)?, vc.narrow(1, 0, end)?))
     }
 
     /// Called once all layers have appended `new` tokens.
     pub fn advance(&mut self, new: usize) {
         self.len += new;
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
     }
 }

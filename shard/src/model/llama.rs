@@ -7,6 +7,7 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
+use super::attention::{host_attention, HeadShape, StepQkv};
 use super::config::ModelConfig;
 use super::kv_cache::SeqCache;
 use super::layers::{Embedding, Linear, RmsNorm, Rotary};
@@ -171,7 +172,12 @@ impl Model {
             .map(|(span, cache)| {
                 Ok(SeqStep {
                     span: *span,
-                    mask: self.causal_mask(span.len, cache.len())?,
+                    // The host kernel applies causality itself.
+                    mask: if self.device.is_cpu() {
+                        None
+                    } else {
+                        self.causal_mask(span.len, cache.len())?
+                    },
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -245,6 +251,24 @@ impl Attention {
             .reshape((n, self.num_kv_heads, self.head_dim))?;
         let q = ctx.rotary.apply(&q, &ctx.cos, &ctx.sin)?;
         let k = ctx.rotary.apply(&k, &ctx.cos, &ctx.sin)?;
+        if xs.device().is_cpu() {
+            let host = |t: &Tensor| t.flatten_all()?.to_vec1::<f32>();
+            let (q, k, v) = (host(&q)?, host(&k)?, host(&v)?);
+            let spans: Vec<SeqSpan> = ctx.seqs.iter().map(|s| s.span).collect();
+            let shape = HeadShape {
+                num_heads: self.num_heads,
+                num_kv_heads: self.num_kv_heads,
+                head_dim: self.head_dim,
+            };
+            let qkv = StepQkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            };
+            let out = host_attention(shape, &spans, &qkv, caches, layer)?;
+            let out = Tensor::from_vec(out, (n, self.num_heads * self.head_dim), xs.device())?;
+            return self.o.forward(&out);
+        }
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let n_rep = self.num_heads / self.num_kv_heads;
 
@@ -257,7 +281,7 @@ impl Attention {
                 .reshape((self.num_kv_heads, n_rep * len, self.head_dim))?;
             let k_new = k.narrow(0, start, len)?.transpose(0, 1)?.contiguous()?;
             let v_new = v.narrow(0, start, len)?.transpose(0, 1)?.contiguous()?;
-            let (k_all, v_all) = cache.append(layer, &k_new, &v_new)?;
+            let (k_all, v_all) = cache.append_device(layer, &k_new, &v_new)?;
             let scores = q.matmul(&k_all.t()?)?;
             let scores = match &step.mask {
                 Some(mask) => scores.broadcast_add(mask)?,

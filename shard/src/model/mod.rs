@@ -1,5 +1,6 @@
 //! The model: its shape, weights and the batched forward pass.
 
+pub mod attention;
 pub mod config;
 pub mod cpu_matmul;
 pub mod kv_cache;

@@ -1,0 +1,187 @@
+//! Causal attention of a ragged batch on the CPU, straight over host memory.
+//!
+//! Running attention as candle ops costs a dozen small ops per sequence and layer, whose
+//! dispatch dwarfs the arithmetic when a decode step has one token per sequence. Here one
+//! call handles every sequence of the step. Each (sequence, head) is computed by one
+//! thread with a fixed order of operations, so a sequence's result never depends on the
+//! others or on scheduling.
+
+use candle_core::Result;
+use rayon::prelude::*;
+
+use super::kv_cache::SeqCache;
+use super::llama::SeqSpan;
+
+/// Below this many multiply-adds per step, threads cost more than they save.
+const PARALLEL_MIN_MACS: usize = 1 << 16;
+/// Accumulator lanes of a dot product: element i goes to lane i % LANES.
+const LANES: usize = 8;
+
+#[derive(Debug, Clone, Copy)]
+pub struct HeadShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// The step's rows, packed: `q` is `[tokens, num_heads, head_dim]`, `k` and `v` are
+/// `[tokens, num_kv_heads, head_dim]` (rotary already applied to q and k).
+pub struct StepQkv<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+}
+
+/// Appends the step's keys and values to each sequence's cache of `layer`, then returns
+/// the attention output `[tokens, num_heads * head_dim]`.
+pub fn host_attention(
+    shape: HeadShape,
+    spans: &[SeqSpan],
+    qkv: &StepQkv,
+    caches: &mut [&mut SeqCache],
+    layer: usize,
+) -> Result<Vec<f32>> {
+    let HeadShape {
+        num_heads,
+        num_kv_heads,
+        head_dim: d,
+    } = shape;
+    let n_rep = num_heads / num_kv_heads;
+    let tokens = spans.iter().map(|s| s.start + s.len).max().unwrap_or(0);
+    if qkv.q.len() != tokens * num_heads * d || qkv.k.len() != tokens * num_kv_heads * d {
+        candle_core::bail!("attention: q/k/v do not match the step's {tokens} tokens");
+    }
+
+    // Write phase: the new keys and values after each sequence's past.
+    let mut layers = Vec::with_capacity(spans.len());
+    for (span, cache) in spans.iter().zip(caches.iter_mut()) {
+        let Some(store) = cache.host_layer(layer) else {
+            candle_core::bail!("attention: layer {layer} of the cache is not in host memory");
+        };
+        if store.past + span.len > store.capacity {
+            candle_core::bail!(
+                "KV cache overflow: {} tokens for a reservation of {}",
+                store.past + span.len,
+                store.capacity
+            );
+        }
+        for t in 0..span.len {
+            for g in 0..num_kv_heads {
+                let src = ((span.start + t) * num_kv_heads + g) * d;
+                let dst = (g * store.capacity + store.past + t) * d;
+                store.k[dst..dst + d].copy_from_slice(&qkv.k[src..src + d]);
+                store.v[dst..dst + d].copy_from_slice(&qkv.v[src..src + d]);
+            }
+        }
+        layers.push((&*store.k, &*store.v, store.past, store.capacity));
+    }
+
+    // Read phase: one task per (sequence, head).
+    let tasks: Vec<(usize, usize)> = (0..spans.len())
+        .flat_map(|s| (0..num_heads).map(move |h| (s, h)))
+        .collect();
+    let run = |&(s, h): &(usize, usize)| {
+        let span = spans[s];
+        let (k, v, past, capacity) = layers[s];
+        let g = h / n_rep;
+        let keys = &k[g * capacity * d..];
+        let values = &v[g * capacity * d..];
+        head_attention(
+            span,
+            past,
+            |t| &qkv.q[((span.start + t) * num_heads + h) * d..][..d],
+            keys,
+            values,
+            d,
+        )
+    };
+    let work: usize = spans
+        .iter()
+        .zip(&layers)
+        .map(|(s, l)| s.len * (l.2 + s.len))
+        .sum::<usize>()
+        * d
+        * num_heads;
+    let outs: Vec<Vec<f32>> = if work >= PARALLEL_MIN_MACS && tasks.len() > 1 {
+        tasks.par_iter().map(run).collect()
+    } else {
+        tasks.iter().map(run).collect()
+    };
+
+    let mut out = vec![0f32; tokens * num_heads * d];
+    for (&(s, h), o) in tasks.iter().zip(&outs) {
+        let span = spans[s];
+        for t in 0..span.len {
+            let dst = ((span.start + t) * num_heads + h) * d;
+            out[dst..dst + d].copy_from_slice(&o[t * d..(t + 1) * d]);
+        }
+    }
+    Ok(out)
+}
+
+/// One head of one sequence: for each new row t (position past + t), softmax over the
+/// scaled scores of keys 0..=past + t, then the weighted sum of their values.
+fn head_attention<'q>(
+    span: SeqSpan,
+    past: usize,
+    query: impl Fn(usize) -> &'q [f32],
+    keys: &[f32],
+    values: &[f32],
+    d: usize,
+) -> Vec<f32> {
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut out = vec![0f32; span.len * d];
+    let mut scores = Vec::with_capacity(past + span.len);
+    for t in 0..span.len {
+        let q = query(t);
+        let visible = past + t + 1;
+        scores.clear();
+        scores.extend((0..visible).map(|j| dot(q, &keys[j * d..(j + 1) * d]) * scale));
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let row = &mut out[t * d..(t + 1) * d];
+        for (j, &w) in scores.iter().enumerate() {
+            let p = w / sum;
+            for (o, &x) in row.iter_mut().zip(&values[j * d..(j + 1) * d]) {
+                *o += p * x;
+            }
+        }
+    }
+    out
+}
+
+/// `a · b` with LANES partial sums folded in a fixed order: the same bits every call.
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (ac, ar) = a.as_chunks::<LANES>();
+    let (bc, br) = b.as_chunks::<LANES>();
+    for (x, y) in ac.iter().zip(bc) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ar.iter().zip(br) {
+        tail += x * y;
+    }
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+    ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)) + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dot;
+
+    #[test]
+    fn dot_is_exact_on_integers_and_handles_tails() {
+        let a: Vec<f32> = (0..67).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..67).map(|i| (i % 5) as f32).collect();
+        let want: f32 = (0..67).map(|i| (i * (i % 5)) as f32).sum();
+        assert_eq!(dot(&a, &b), want);
+    }
+}
