@@ -21,18 +21,21 @@
 //!
 //! # Speed
 //!
-//! Threads take ranges of columns (rayon; small products stay on the calling thread).
-//! Within a range, a group of `C` weight columns is dequantized once into a small
-//! buffer and every activation row is swept over it, `R` rows at a time, so weight
-//! reads and dequantization are shared by the whole batch and each weight load feeds
-//! `R` FMAs; the `C * R` accumulators are independent FMA chains. A single row (decode)
-//! skips the buffer and dequantizes straight into registers. The kernel is written once
-//! (`kernel`), generic over a 16-lane vector type (`simd`), and instantiated inside
-//! `#[target_feature]` functions (AVX-512: `C = 8, R = 2`; AVX2+FMA: `C = 4, R = 1`;
-//! portable) chosen once per process at run time, so the default x86-64 build still
-//! gets wide vectors. (Explicit intrinsics rather than auto-vectorisation: LLVM
-//! vectorised the nibble unpacking across blocks instead of within one, several times
-//! slower, and did not keep 8 × 16 accumulators in registers.)
+//! Threads take ranges of columns (rayon; small products stay on the calling thread)
+//! and write their sums straight into the output rows. Within a range, a group of `C`
+//! weight columns is dequantized once into a small buffer and every activation row is
+//! swept over it, `R` rows at a time, so weight reads and dequantization are shared by
+//! the whole batch and each weight load feeds `R` FMAs; the `C * R` accumulators are
+//! independent FMA chains. Long prompts go in L2-sized pieces of columns and rows. A
+//! single row (decode) skips the buffer and dequantizes straight into registers. The
+//! kernel is written once (`kernel`), generic over a 16-lane vector type (`simd`), and
+//! instantiated inside `#[target_feature]` functions (AVX-512: `C = 4, R = 4`, one row
+//! 8 columns; AVX2+FMA: `C = 4, R = 1`; portable) chosen once per process at run time,
+//! so the default x86-64 build still gets wide vectors; everything below those
+//! functions must inline into them (see `simd`, "Inlining"). (Explicit intrinsics
+//! rather than auto-vectorisation: LLVM vectorised the nibble unpacking across blocks
+//! instead of within one, several times slower, and did not keep 16 accumulators in
+//! registers.)
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Storage, Tensor};
@@ -51,8 +54,11 @@ use kernel::{columns, isa, Isa};
 const QK: usize = 32;
 /// Accumulator lanes per output: element `i` of the dot product goes to lane `i % LANES`.
 const LANES: usize = 16;
-/// Below this many multiply-adds a task is not worth handing to another thread.
-const MIN_TASK_MACS: usize = 1 << 18;
+/// Below this many multiply-adds a task is not worth handing to another thread. (Not
+/// higher: the engine thread waits outside the rayon pool while the pool works, and a
+/// decode step's small products ran no faster end to end kept on that thread, next to
+/// workers still spinning from the previous parallel op.)
+const MIN_TASK_MACS: usize = 1 << 17;
 /// Tasks per thread to aim for, so uneven progress evens out.
 const TASKS_PER_THREAD: usize = 4;
 /// Columns per task are a multiple of this (the widest column group), so groups are
@@ -199,74 +205,65 @@ impl CpuQuantMatrix {
     /// split (tests use it to show the split changes nothing).
     fn matmul(&self, x: &[f32], m: usize, isa: Isa, cols_per_task: Option<usize>) -> Vec<f32> {
         let (x, _) = x.as_chunks::<LANES>();
-        let nb = self.k / QK;
+        let (n, nb) = (self.n, self.k / QK);
         debug_assert_eq!(x.len(), m * 2 * nb);
+        let mut out = vec![0f32; m * n];
+        if m == 0 || n == 0 {
+            return out;
+        }
         let cols = cols_per_task
             .unwrap_or_else(|| self.cols_per_task(m))
             .max(1);
-        let tiles = match &self.blocks {
-            Blocks::Q4_0(b) => tiles_par(b, nb, x, m, cols, isa),
-            Blocks::Q4_1(b) => tiles_par(b, nb, x, m, cols, isa),
-            Blocks::Q8_0(b) => tiles_par(b, nb, x, m, cols, isa),
-            Blocks::F32(b) => tiles_par(b, nb, x, m, cols, isa),
-        };
-        let n = self.n;
-        if m <= 1 || cols >= n {
-            return tiles; // a single tile, or a single row: already `[m][n]`
-        }
-        // Tile `t` is `[m][ct]` for columns `t*cols ..`; lay the rows side by side.
-        let mut out = vec![0f32; m * n];
-        let assemble = |(r, row): (usize, &mut [f32])| {
-            for (dst, tile) in row.chunks_mut(cols).zip(tiles.chunks(cols * m)) {
-                let ct = dst.len();
-                dst.copy_from_slice(&tile[r * ct..(r + 1) * ct]);
+        // Task `t` computes the columns `t*cols ..` of every row: it gets those `m`
+        // pieces of `out` and writes the sums straight into them.
+        let mut tasks: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(cols))
+            .map(|_| Vec::with_capacity(m))
+            .collect();
+        for row in out.chunks_mut(n) {
+            for (task, piece) in tasks.iter_mut().zip(row.chunks_mut(cols)) {
+                task.push(piece);
             }
-        };
-        if m * n >= 1 << 16 {
-            out.par_chunks_mut(n).enumerate().for_each(assemble);
-        } else {
-            out.chunks_mut(n).enumerate().for_each(assemble);
+        }
+        match &self.blocks {
+            Blocks::Q4_0(b) => run_tasks(b, nb, x, cols, tasks, isa),
+            Blocks::Q4_1(b) => run_tasks(b, nb, x, cols, tasks, isa),
+            Blocks::Q8_0(b) => run_tasks(b, nb, x, cols, tasks, isa),
+            Blocks::F32(b) => run_tasks(b, nb, x, cols, tasks, isa),
         }
         out
     }
 
-    /// Enough columns that a task is worth a thread, few enough that every thread
-    /// gets several tasks. Affects speed only.
+    /// Columns per task: as many tasks as the work is worth (`MIN_TASK_MACS` each), at
+    /// most `TASKS_PER_THREAD` per thread, and from one per thread up a multiple of the
+    /// thread count, so every thread gets the same share. Affects speed only.
     fn cols_per_task(&self, m: usize) -> usize {
-        let per_col = (m * self.k).max(1);
-        let min_cols = MIN_TASK_MACS.div_ceil(per_col);
-        let balanced = self
-            .n
-            .div_ceil(rayon::current_num_threads() * TASKS_PER_THREAD);
-        min_cols.max(balanced).next_multiple_of(COL_ALIGN)
+        let threads = rayon::current_num_threads();
+        let worth = m * self.k * self.n / MIN_TASK_MACS;
+        let mut tasks = worth.clamp(1, threads * TASKS_PER_THREAD);
+        if tasks > threads {
+            tasks -= tasks % threads;
+        }
+        self.n.div_ceil(tasks).next_multiple_of(COL_ALIGN)
     }
 }
 
-/// Computes all `n` columns (`blocks.len() / nb`), `cols` per task, in parallel when
-/// there is more than one task. Task `t` fills the tile `[m][ct]` of columns
-/// `t*cols .. t*cols + ct` (`ct = cols` but for the last), tiles one after another.
-fn tiles_par<B: Block>(
+/// Runs the tasks, in parallel when there is more than one: task `t` computes the
+/// columns `t*cols ..` (`blocks.len() / nb` columns in all) into its row pieces.
+fn run_tasks<B: Block>(
     blocks: &[B],
     nb: usize,
     x: &[Half],
-    m: usize,
     cols: usize,
+    tasks: Vec<Vec<&mut [f32]>>,
     isa: Isa,
-) -> Vec<f32> {
-    let n = blocks.len() / nb;
-    let mut out = vec![0f32; n * m];
-    if m == 0 || n == 0 {
-        return out;
-    }
-    let task = |(t, tile): (usize, &mut [f32])| {
-        let j0 = t * cols;
-        let ct = tile.len() / m;
-        columns(&blocks[j0 * nb..(j0 + ct) * nb], nb, x, m, tile, isa);
+) {
+    let task = |(t, mut rows): (usize, Vec<&mut [f32]>)| {
+        let (j0, ct) = (t * cols, rows[0].len());
+        columns(&blocks[j0 * nb..(j0 + ct) * nb], nb, x, &mut rows, isa);
     };
-    if cols >= n {
-        task((0, &mut out));
+    if tasks.len() == 1 {
+        tasks.into_iter().enumerate().for_each(task);
     } else {
-        out.par_chunks_mut(cols * m).enumerate().for_each(task);
+        tasks.into_par_iter().enumerate().for_each(task);
     }
-    out
 }

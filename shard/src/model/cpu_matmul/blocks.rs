@@ -18,7 +18,8 @@ pub(super) trait Block: Copy + Send + Sync {
     const RAW_BYTES: usize;
     /// Parses one raw block (`raw.len() == RAW_BYTES`).
     fn parse(raw: &[u8]) -> Self;
-    /// Weights 0..16 and 16..32 of the block.
+    /// Weights 0..16 and 16..32 of the block. (`#[inline(always)]` in every impl, and
+    /// the two halves written out rather than `array::map`ped: see `simd`, "Inlining".)
     fn dequantize<S: Simd>(&self, s: S) -> [S::V; 2];
 }
 
@@ -51,7 +52,8 @@ impl Block for Q4_0 {
         // `(nibble - 8) * d`, both steps exact; not `nibble * d - 8 * d`, which would
         // give +0.0 where candle gives -0.0 (nibble 8, negative d).
         let (d, minus8) = (s.splat(self.d), s.splat(-8.0));
-        s.nibbles(&self.qs).map(|q| s.mul(s.add(q, minus8), d))
+        let [lo, hi] = s.nibbles(&self.qs);
+        [s.mul(s.add(lo, minus8), d), s.mul(s.add(hi, minus8), d)]
     }
 }
 
@@ -75,7 +77,8 @@ impl Block for Q4_1 {
     #[inline(always)]
     fn dequantize<S: Simd>(&self, s: S) -> [S::V; 2] {
         let (d, m) = (s.splat(self.d), s.splat(self.m));
-        s.nibbles(&self.qs).map(|q| s.mul_add(q, d, m))
+        let [lo, hi] = s.nibbles(&self.qs);
+        [s.mul_add(lo, d, m), s.mul_add(hi, d, m)]
     }
 }
 
@@ -97,7 +100,8 @@ impl Block for Q8_0 {
     #[inline(always)]
     fn dequantize<S: Simd>(&self, s: S) -> [S::V; 2] {
         let d = s.splat(self.d);
-        s.signed_bytes(&self.qs).map(|q| s.mul(q, d))
+        let [lo, hi] = s.signed_bytes(&self.qs);
+        [s.mul(lo, d), s.mul(hi, d)]
     }
 }
 

@@ -6,8 +6,14 @@
 //! bits: each lane does its own correctly rounded `mul` / fused `mul_add`, exactly what
 //! the portable one does with `f32::mul_add`; only the speed differs.
 //!
-//! The methods are `#[inline(always)]`: they only reach full speed inlined into a
-//! `#[target_feature]` function of the kernel (see `kernel::columns`).
+//! # Inlining
+//!
+//! The intrinsics carry `#[target_feature]`, and LLVM never inlines a function into one
+//! with fewer target features: an intrinsic reached through any ordinary function that
+//! is not itself inlined becomes a call (and its vectors go through memory) inside the
+//! hot loop. So every method and helper here is `#[inline(always)]`, taking no closures
+//! and calling no `array::map` / `from_fn` on vectors: the whole chain then inlines into
+//! the kernel's `#[target_feature]` entry function, where the intrinsics inline too.
 
 use super::{Half, LANES};
 
@@ -27,6 +33,21 @@ pub(super) trait Simd: Copy + Send + Sync {
     fn nibbles(self, q: &[u8; 16]) -> [Self::V; 2];
     /// `q` read as i8: bytes 0..16 and 16..32, as f32.
     fn signed_bytes(self, q: &[u8; 32]) -> [Self::V; 2];
+    /// The sum of the lanes by the fixed tree of [`fold_lanes`], bit for bit.
+    fn fold(self, v: Self::V) -> f32;
+}
+
+/// The fixed lane reduction: 16 → 8 → 4 → 2 → 1 by `v[l] += v[l + width]`.
+#[inline(always)]
+pub(super) fn fold_lanes(mut v: Half) -> f32 {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            v[l] += v[l + width];
+        }
+        width /= 2;
+    }
+    v[0]
 }
 
 /// Plain Rust, for any CPU. On x86 without FMA `f32::mul_add` is a (slow, correctly
@@ -78,6 +99,10 @@ impl Simd for Portable {
             std::array::from_fn(|l| f32::from(q[l + 16] as i8)),
         ]
     }
+    #[inline(always)]
+    fn fold(self, v: Half) -> f32 {
+        fold_lanes(v)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -102,11 +127,43 @@ mod x86 {
         }
     }
 
-    // SAFETY (every `unsafe` block in this impl): an `Avx2` exists only if `detect` saw
-    // AVX2 and FMA on this CPU, so the intrinsics' instructions are available; every
-    // pointer is derived from a reference to an array long enough for the access (8
-    // f32 at offset 0 or 8 of a 16-f32 array; 16 or 8 bytes inside a 16/32-byte
-    // array), and the `loadu`/`storeu` forms need no alignment.
+    // SAFETY (every `unsafe` block in the `Avx2` impls): an `Avx2` exists only if
+    // `detect` saw AVX2 and FMA on this CPU (or an `Avx512`, which implies them, made
+    // it), so the intrinsics' instructions are available; every pointer is derived from
+    // a reference to an array long enough for the access (8 f32 at offset 0 or 8 of a
+    // 16-f32 array; 16 or 8 bytes of a 16- or 8-byte array), and the `loadu`/`storeu`
+    // forms need no alignment.
+    impl Avx2 {
+        /// Bytes 0..8 and 8..16 of `b`, zero-extended, as f32.
+        #[inline(always)]
+        fn u8x16(self, b: __m128i) -> [__m256; 2] {
+            unsafe {
+                [
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(b))),
+                ]
+            }
+        }
+
+        /// `q` read as i8, as f32.
+        #[inline(always)]
+        fn i8x8(self, q: &[u8; 8]) -> __m256 {
+            unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().cast()))) }
+        }
+
+        /// The last three levels of the fixed tree (8 → 4 → 2 → 1), `v[l] + v[l + w]`
+        /// as [`super::fold_lanes`] adds them.
+        #[inline(always)]
+        fn fold8(self, v: __m256) -> f32 {
+            unsafe {
+                let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+                let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+                let v = _mm_add_ss(v, _mm_movehdup_ps(v));
+                _mm_cvtss_f32(v)
+            }
+        }
+    }
+
     impl Simd for Avx2 {
         type V = [__m256; 2];
         #[inline(always)]
@@ -157,25 +214,21 @@ mod x86 {
                 let mask = _mm_set1_epi8(0x0F);
                 let lo = _mm_and_si128(v, mask);
                 let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), mask);
-                // 16 bytes → two groups of 8 lanes (the upper 8 bytes shifted down).
-                let widen = |b: __m128i| {
-                    [
-                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
-                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(b))),
-                    ]
-                };
-                [widen(lo), widen(hi)]
+                [self.u8x16(lo), self.u8x16(hi)]
             }
         }
         #[inline(always)]
         fn signed_bytes(self, q: &[u8; 32]) -> [Self::V; 2] {
-            unsafe {
-                let eight = |at: usize| {
-                    let b = _mm_loadl_epi64(q.as_ptr().add(at).cast());
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))
-                };
-                [[eight(0), eight(8)], [eight(16), eight(24)]]
-            }
+            let (q, _) = q.as_chunks::<8>();
+            [
+                [self.i8x8(&q[0]), self.i8x8(&q[1])],
+                [self.i8x8(&q[2]), self.i8x8(&q[3])],
+            ]
+        }
+        #[inline(always)]
+        fn fold(self, v: Self::V) -> f32 {
+            // 16 → 8: lane `l` of the low half plus lane `l` of the high half.
+            self.fold8(unsafe { _mm256_add_ps(v[0], v[1]) })
         }
     }
 
@@ -191,6 +244,19 @@ mod x86 {
                 && is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma"))
             .then_some(Avx512 { _checked: () })
+        }
+
+        /// `detect` checked AVX2 and FMA too.
+        #[inline(always)]
+        fn avx2(self) -> Avx2 {
+            Avx2 { _checked: () }
+        }
+
+        /// `q` read as i8, as f32.
+        #[inline(always)]
+        fn i8x16(self, q: &[u8; 16]) -> __m512 {
+            // SAFETY: as in the `Simd` impl below.
+            unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q.as_ptr().cast()))) }
         }
     }
 
@@ -243,13 +309,20 @@ mod x86 {
         }
         #[inline(always)]
         fn signed_bytes(self, q: &[u8; 32]) -> [Self::V; 2] {
-            unsafe {
-                let sixteen = |at: usize| {
-                    let b = _mm_loadu_si128(q.as_ptr().add(at).cast());
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))
-                };
-                [sixteen(0), sixteen(16)]
-            }
+            let (q, _) = q.as_chunks::<16>();
+            [self.i8x16(&q[0]), self.i8x16(&q[1])]
+        }
+        #[inline(always)]
+        fn fold(self, v: Self::V) -> f32 {
+            // 16 → 8: lanes 0..8 plus lanes 8..16 (moved down by a 128-bit shuffle).
+            // With 512-bit instructions, not a 256-bit extract: only AVX-512VL could
+            // extract from registers 16..31, and the accumulators must be free to use
+            // all 32 (without it, the register allocator spills them in the hot loop).
+            let v = unsafe {
+                let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(v, v);
+                _mm512_castps512_ps256(_mm512_add_ps(v, hi))
+            };
+            self.avx2().fold8(v)
         }
     }
 }

@@ -91,6 +91,60 @@ fn dequantization_matches_candle_bit_for_bit() {
     }
 }
 
+/// Each kernel's vector `fold` is the fixed tree of `fold_lanes`, bit for bit (NaN
+/// results: NaN, Rust leaves their payload unspecified), cancellations, signed zeros,
+/// infinities and subnormals included.
+#[test]
+fn every_fold_is_the_fixed_tree() {
+    fn fold_with<S: Simd>(s: S, h: &Half) -> f32 {
+        s.fold(s.load(h))
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let special = [
+        0.0,
+        -0.0,
+        1e30,
+        -1e30,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-45,
+        -3e-39,
+        f32::MAX,
+        1.0,
+        f32::EPSILON / 4.0,
+    ];
+    for case in 0..20_000 {
+        let h: Half = std::array::from_fn(|_| {
+            if case % 2 == 1 && rng.random_range(0..4) == 0 {
+                special[rng.random_range(0..special.len())]
+            } else {
+                // Magnitudes far apart, so the order of the additions shows.
+                rng.random_range(-1.0f32..1.0) * 2f32.powi(rng.random_range(-30..30))
+            }
+        });
+        let want = simd::fold_lanes(h);
+        for isa in isas() {
+            let got = match isa {
+                Isa::Portable => fold_with(Portable, &h),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2(t) => fold_with(t, &h),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512(t) => fold_with(t, &h),
+            };
+            if want.is_nan() {
+                assert!(got.is_nan(), "{isa:?} {h:?}: {got} vs NaN");
+            } else {
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{isa:?} {h:?}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn matches_f64_reference() {
     let mut worst = 0f64;
@@ -152,7 +206,7 @@ fn a_row_is_bitwise_the_same_alone_or_in_any_batch() {
             .unwrap();
         assert_eq!(bits(&alone), bits(&via_forward));
 
-        for m in [1, 2, 5, 17, 32] {
+        for m in [1, 2, 5, 17, 32, 130] {
             for pos in [0, m / 2, m - 1] {
                 let mut x = random(&mut rng, m * k);
                 if m > 1 {
