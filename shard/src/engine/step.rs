@@ -27,16 +27,7 @@ impl Engine {
             start += p.len();
         }
         let tokens = Tensor::new(prompts.concat(), &device)?;
-        let hidden = {
-            let mut caches: Vec<&mut SeqCache> = seqs.iter_mut().map(|s| &mut s.cache).collect();
-            self.model.forward(
-                &StepInput {
-                    tokens,
-                    spans: &spans,
-                },
-                &mut caches,
-            )?
-        };
+        let hidden = run_model(&self.model, seqs, tokens, &spans)?;
 
         // Last positions of the requests that did not ask for prompt scores, in one product.
         let plain: Vec<usize> = (0..seqs.len())
@@ -115,16 +106,7 @@ impl Engine {
         let spans: Vec<SeqSpan> = (0..seqs.len())
             .map(|i| SeqSpan { start: i, len: 1 })
             .collect();
-        let hidden = {
-            let mut caches: Vec<&mut SeqCache> = seqs.iter_mut().map(|s| &mut s.cache).collect();
-            self.model.forward(
-                &StepInput {
-                    tokens,
-                    spans: &spans,
-                },
-                &mut caches,
-            )?
-        };
+        let hidden = run_model(&self.model, seqs, tokens, &spans)?;
         let logits = logits_rows(&self.model, &hidden)?;
         let vocab = self.facts.vocab_size;
         seqs.iter_mut()
@@ -161,6 +143,17 @@ impl Engine {
             generated_tokens: seq.generated as u32,
         })
     }
+}
+
+/// One forward pass of the packed step; each sequence's cache receives its span.
+fn run_model(
+    model: &Model,
+    seqs: &mut [Sequence],
+    tokens: Tensor,
+    spans: &[SeqSpan],
+) -> Result<Tensor, EngineError> {
+    let mut caches: Vec<&mut SeqCache> = seqs.iter_mut().map(|s| &mut s.cache).collect();
+    Ok(model.forward(&StepInput { tokens, spans }, &mut caches)?)
 }
 
 /// Logits of hidden rows, flattened row-major (\[rows × vocab\]) on the host.
