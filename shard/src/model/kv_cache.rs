@@ -18,7 +18,6 @@ pub struct SeqCache {
     layers: Vec<LayerStore>,
     len: usize,
     capacity: usize,
-    head_dim: usize,
 }
 
 /// A host layer's cached keys and values, as the CPU attention kernel sees them.
@@ -53,7 +52,6 @@ impl SeqCache {
             layers,
             len: 0,
             capacity,
-            head_dim: cfg.head_dim,
         })
     }
 
@@ -84,16 +82,10 @@ impl SeqCache {
     }
 
     /// Writes `k`, `v` (\[kv_heads, new, head_dim\]) after the cached tokens of a device
-    /// layer and returns every cached key and value so far, this step's included.
+    /// layer and returns every cached key and value so far, this step's included. The
+    /// model checked beforehand that the step fits the reservation.
     pub fn append_device(&self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let new = k.dim(1)?;
-        let end = self.len + new;
-        if end > self.capacity {
-            candle_core::bail!(
-                "KV cache overflow: {end} tokens for a reservation of {}",
-                self.capacity
-            );
-        }
+        let end = self.len + k.dim(1)?;
         let Some(LayerStore::Device { k: kc, v: vc }) = self.layers.get(layer) else {
             candle_core::bail!("KV cache has no device layer {layer}");
         };
@@ -105,9 +97,5 @@ impl SeqCache {
     /// Called once all layers have appended `new` tokens.
     pub fn advance(&mut self, new: usize) {
         self.len += new;
-    }
-
-    pub fn head_dim(&self) -> usize {
-        self.head_dim
     }
 }

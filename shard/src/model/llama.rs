@@ -154,6 +154,16 @@ impl Model {
                 input.spans.len()
             );
         }
+        // One check for the whole step, so no layer writes past a reservation.
+        for (span, cache) in input.spans.iter().zip(caches.iter()) {
+            if cache.len() + span.len > cache.capacity() {
+                candle_core::bail!(
+                    "KV cache overflow: {} tokens for a reservation of {}",
+                    cache.len() + span.len,
+                    cache.capacity()
+                );
+            }
+        }
         let positions: Vec<u32> = input
             .spans
             .iter()
