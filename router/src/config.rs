@@ -1,0 +1,267 @@
+//! Flags → resolved configuration. The environment (`AIP_*`) is read here and nowhere
+//! else; limits that depend on the model are resolved once the shard has answered `Info`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, ValueEnum};
+
+use crate::infer::LogprobsMode;
+use crate::scheduler::BatchingConfig;
+use crate::validation::ValidationLimits;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "sonde-router",
+    version,
+    about = "Sonde's HTTP router: TGI, Vertex AI and OpenAI APIs over the shards"
+)]
+pub struct RouterArgs {
+    /// The model the shards serve (`.gguf` file or Hugging Face folder): the router reads
+    /// its tokenizer and chat template.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Name served in `/info`, `/v1/models` and OpenAI answers (default: the file name).
+    #[arg(long)]
+    pub model_id: Option<String>,
+    /// Shard `r` listens on `<prefix>-<r>`.
+    #[arg(long, default_value = "/tmp/sonde-shard")]
+    pub shard_uds_path: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    pub num_shard: usize,
+    #[arg(long, default_value = "0.0.0.0")]
+    pub hostname: String,
+    /// HTTP port; `AIP_HTTP_PORT` (set by Vertex AI) wins over it.
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer <key>` on inference routes.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Log as JSON lines.
+    #[arg(long)]
+    pub json_output: bool,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub batching: BatchingArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct LimitArgs {
+    /// Requests in flight at once; more get 429.
+    #[arg(long, default_value_t = 128)]
+    pub max_concurrent_requests: usize,
+    #[arg(long, default_value_t = 2)]
+    pub max_best_of: u32,
+    #[arg(long, default_value_t = 4)]
+    pub max_stop_sequences: usize,
+    #[arg(long, default_value_t = 5)]
+    pub max_top_n_tokens: u32,
+    /// Prompt tokens at most (default: max total tokens - 1).
+    #[arg(long)]
+    pub max_input_tokens: Option<u32>,
+    /// Prompt + generated tokens at most (default: the model's context, at most 4096).
+    #[arg(long)]
+    pub max_total_tokens: Option<u32>,
+    /// `max_new_tokens` of a request that sets none (capped by what the context leaves).
+    #[arg(long, default_value_t = 256)]
+    pub default_max_new_tokens: u32,
+    /// Allow prompt logprobs (`decoder_input_details`, OpenAI `echo` with logprobs).
+    #[arg(long)]
+    pub enable_prefill_logprobs: bool,
+    /// Distribution that logprobs and top-N come from when a request does not say.
+    #[arg(long, value_enum, default_value_t = LogprobsModeArg::Raw)]
+    pub logprobs_mode: LogprobsModeArg,
+    /// Instances in one Vertex predict call.
+    #[arg(long, default_value_t = 128)]
+    pub max_vertex_instances: usize,
+    /// Largest Vertex predict answer in bytes (Vertex's shared-endpoint limit is 1.5 MB).
+    #[arg(long, default_value_t = 1_500_000)]
+    pub max_response_bytes: usize,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub payload_limit: usize,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BatchingArgs {
+    /// Prompt tokens in one prefill (default: 4096, or max input tokens if larger).
+    #[arg(long)]
+    pub max_batch_prefill_tokens: Option<u32>,
+    /// KV tokens over all running requests (default: what the shard reports).
+    #[arg(long)]
+    pub max_batch_total_tokens: Option<u32>,
+    /// Interrupt the running batch for a prefill only if the waiting requests number at
+    /// least this ratio of the running ones...
+    #[arg(long, default_value_t = 0.3)]
+    pub waiting_served_ratio: f32,
+    /// ...or they have waited this many decode steps.
+    #[arg(long, default_value_t = 20)]
+    pub max_waiting_tokens: u32,
+    /// Seconds a shard may take for one batch step before its requests fail with 424.
+    #[arg(long, default_value_t = 120)]
+    pub shard_step_timeout: u64,
+    /// Seconds to wait for the shards to come up and warm.
+    #[arg(long, default_value_t = 600)]
+    pub shard_startup_timeout: u64,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogprobsModeArg {
+    /// The model's own distribution (log-softmax of the raw logits).
+    Raw,
+    /// The distribution sampled from, after penalties and warpers.
+    Processed,
+}
+
+/// What the HTTP server itself needs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub hostname: String,
+    pub port: u16,
+    pub predict_route: String,
+    pub health_route: String,
+    pub api_key: Option<String>,
+    pub payload_limit: usize,
+    pub max_concurrent_requests: usize,
+    pub max_vertex_instances: usize,
+    pub max_response_bytes: usize,
+    pub model_path: PathBuf,
+    pub model_id: String,
+}
+
+/// The environment variables Vertex AI sets, read once.
+#[derive(Debug, Clone, Default)]
+pub struct VertexEnv {
+    pub http_port: Option<String>,
+    pub predict_route: Option<String>,
+    pub health_route: Option<String>,
+}
+
+impl VertexEnv {
+    pub fn from_process() -> Self {
+        Self {
+            http_port: std::env::var("AIP_HTTP_PORT").ok(),
+            predict_route: std::env::var("AIP_PREDICT_ROUTE").ok(),
+            health_route: std::env::var("AIP_HEALTH_ROUTE").ok(),
+        }
+    }
+}
+
+impl RouterArgs {
+    pub fn server_config(&self, env: &VertexEnv) -> Result<ServerConfig, String> {
+        let port = match env.http_port.as_deref().filter(|p| !p.is_empty()) {
+            Some(p) => p
+                .parse()
+                .map_err(|_| format!("AIP_HTTP_PORT must be a port number, got {p:?}"))?,
+            None => self.port,
+        };
+        let route = |value: &Option<String>, default: &str, var: &str| -> Result<String, String> {
+            let r = value
+                .clone()
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| default.to_string());
+            if !r.starts_with('/') || r.contains(['{', '}', '*']) {
+                return Err(format!(
+                    "{var} must be a plain path starting with '/', got {r:?}"
+                ));
+            }
+            Ok(r)
+        };
+        let model_id = self.model_id.clone().unwrap_or_else(|| {
+            let stem = self.model.file_stem().or(self.model.file_name());
+            stem.map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".to_string())
+        });
+        Ok(ServerConfig {
+            hostname: self.hostname.clone(),
+            port,
+            predict_route: route(&env.predict_route, "/predict", "AIP_PREDICT_ROUTE")?,
+            health_route: route(&env.health_route, "/health", "AIP_HEALTH_ROUTE")?,
+            api_key: self.api_key.clone().filter(|k| !k.is_empty()),
+            payload_limit: self.limits.payload_limit,
+            max_concurrent_requests: self.limits.max_concurrent_requests,
+            max_vertex_instances: self.limits.max_vertex_instances,
+            max_response_bytes: self.limits.max_response_bytes,
+            model_path: self.model.clone(),
+            model_id,
+        })
+    }
+}
+
+/// What the shard told us about the model.
+#[derive(Debug, Clone, Copy)]
+pub struct ShardFacts {
+    pub max_context: u32,
+    pub vocab_size: u32,
+    pub max_label_tokens: u32,
+}
+
+/// Limits that need the model's context: TGI's defaults and consistency checks.
+pub fn resolve_limits(
+    args: &RouterArgs,
+    facts: ShardFacts,
+) -> Result<(ValidationLimits, u32), String> {
+    let l = &args.limits;
+    let max_total_tokens = l.max_total_tokens.unwrap_or(facts.max_context.min(4096));
+    if max_total_tokens > facts.max_context {
+        return Err(format!(
+            "--max-total-tokens {max_total_tokens} is over the model's context of {} tokens",
+            facts.max_context
+        ));
+    }
+    let max_input_tokens = l
+        .max_input_tokens
+        .unwrap_or(max_total_tokens.saturating_sub(1));
+    if max_input_tokens == 0 || max_input_tokens >= max_total_tokens {
+        return Err(format!(
+            "--max-input-tokens ({max_input_tokens}) must be at least 1 and below --max-total-tokens ({max_total_tokens})"
+        ));
+    }
+    let prefill = args
+        .batching
+        .max_batch_prefill_tokens
+        .unwrap_or(max_input_tokens.max(4096));
+    if prefill < max_input_tokens {
+        return Err(format!(
+            "--max-batch-prefill-tokens ({prefill}) must be at least --max-input-tokens ({max_input_tokens}), \
+             or the longest prompt could never be prefilled"
+        ));
+    }
+    let limits = ValidationLimits {
+        max_input_tokens,
+        max_total_tokens,
+        max_top_n_tokens: l.max_top_n_tokens,
+        max_best_of: l.max_best_of.max(1),
+        max_stop_sequences: l.max_stop_sequences,
+        max_label_tokens: facts.max_label_tokens,
+        enable_prefill_logprobs: l.enable_prefill_logprobs,
+        default_logprobs_mode: match l.logprobs_mode {
+            LogprobsModeArg::Raw => LogprobsMode::Raw,
+            LogprobsModeArg::Processed => LogprobsMode::Processed,
+        },
+        default_max_new_tokens: l.default_max_new_tokens,
+        vocab_size: facts.vocab_size,
+        // Set from the shard's warmup answer by the caller.
+        max_batch_total_tokens: u32::MAX,
+    };
+    Ok((limits, prefill))
+}
+
+/// The batching policy once the shard's KV budget is known.
+pub fn batching_config(
+    args: &RouterArgs,
+    max_batch_prefill_tokens: u32,
+    shard_total: u32,
+) -> BatchingConfig {
+    BatchingConfig {
+        max_batch_prefill_tokens,
+        max_batch_total_tokens: args
+            .batching
+            .max_batch_total_tokens
+            .map_or(shard_total, |t| t.min(shard_total)),
+        waiting_served_ratio: args.batching.waiting_served_ratio,
+        max_waiting_tokens: args.batching.max_waiting_tokens,
+        step_timeout: Duration::from_secs(args.batching.shard_step_timeout.max(1)),
+    }
+}

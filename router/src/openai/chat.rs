@@ -1,0 +1,316 @@
+//! `/v1/chat/completions`: messages rendered with the model's chat template.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::future::try_join_all;
+use futures::StreamExt;
+use serde_json::Value;
+use sonde_tokenizer::{ChatInputs, ModelTokenizer};
+
+use super::types::{
+    ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs, ChatMessage, ChatRequest,
+    ChatResponse, ChatTokenLogprob, TopLogprob, Usage,
+};
+use super::{choice_request, finish_reason, new_id, now, Shared};
+use crate::error::{ApiError, ErrorBody};
+use crate::generation::{collect, json_logprob, steps, TextTracker};
+use crate::infer::TokenScore;
+use crate::invalid;
+use crate::json::ApiJson;
+use crate::sse::{done_event, json_event, sse, sse_error};
+use crate::state::{AppState, Ready};
+use crate::validation::ValidGenerate;
+
+/// OpenAI chat completions, with `logprobs` and `top_logprobs`.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI", request_body = ChatRequest,
+    responses((status = 200, body = ChatResponse), (status = 422, body = ErrorBody)))]
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
+    let ready = state.ready()?;
+    let streamed = req.stream;
+    let prepared = prepare(ready, req).await?;
+    let permit = state.permit(prepared.n)?;
+    if streamed {
+        return stream(ready, prepared, permit);
+    }
+    Ok(Json(run(ready, prepared).await?).into_response())
+}
+
+/// A chat completion without streaming (also a Vertex `messages` instance).
+pub async fn complete(ready: &Ready, req: ChatRequest) -> Result<ChatResponse, ApiError> {
+    if req.stream {
+        return Err(invalid!("`stream` is not available here"));
+    }
+    let prepared = prepare(ready, req).await?;
+    run(ready, prepared).await
+}
+
+struct Prepared {
+    valid: ValidGenerate,
+    n: u32,
+    /// None: no logprobs; Some(k): chosen token + k alternatives.
+    logprobs: Option<u32>,
+    include_usage: bool,
+}
+
+async fn prepare(ready: &Ready, req: ChatRequest) -> Result<Prepared, ApiError> {
+    let limits = ready.validator.limits();
+    let shared = Shared {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        n: req.n,
+        stop: req.stop,
+        seed: req.seed,
+        frequency_penalty: req.frequency_penalty,
+        presence_penalty: req.presence_penalty,
+        logit_bias: req.logit_bias,
+    };
+    let n = shared.check(limits)?;
+    if req.tools.as_ref().is_some_and(|t| !t.is_null())
+        || req.tool_choice.as_ref().is_some_and(|t| !t.is_null())
+    {
+        return Err(invalid!("`tools` and `tool_choice` are not supported"));
+    }
+    if let Some(format) = &req.response_format {
+        if !(format.is_null() || format.get("type").and_then(Value::as_str) == Some("text")) {
+            return Err(invalid!(
+                "`response_format` supports only {{\"type\": \"text\"}}"
+            ));
+        }
+    }
+    let top = req.top_logprobs.unwrap_or(0);
+    if top < 0 || top > limits.max_top_n_tokens as i64 {
+        return Err(invalid!(
+            "`top_logprobs` must be between 0 and {} (--max-top-n-tokens), got {top}",
+            limits.max_top_n_tokens
+        ));
+    }
+    if top > 0 && !req.logprobs {
+        return Err(invalid!("`top_logprobs` needs `logprobs: true`"));
+    }
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens);
+    if let Some(m) = max_tokens {
+        if m < 1 {
+            return Err(invalid!("`max_tokens` must be >= 1, got {m}"));
+        }
+    }
+    check_messages(&req.messages)?;
+    let prompt = render(ready.validator.tokenizer(), &req.messages)?;
+    let mut params = shared.parameters(max_tokens);
+    params.details = req.logprobs;
+    params.top_n_tokens = (top > 0).then_some(top);
+    // The template writes the special tokens (BOS included) itself.
+    let valid = ready.validator.validate(prompt, &params, false).await?;
+    Ok(Prepared {
+        valid,
+        n,
+        logprobs: req.logprobs.then_some(top as u32),
+        include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+    })
+}
+
+fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
+    if messages.is_empty() {
+        return Err(invalid!("`messages` must not be empty"));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        if m.get("role").and_then(Value::as_str).is_none() {
+            return Err(invalid!("`messages[{i}].role` must be a string"));
+        }
+        match m.get("content") {
+            None | Some(Value::Null) | Some(Value::String(_)) | Some(Value::Array(_)) => {}
+            Some(_) => {
+                return Err(invalid!(
+                    "`messages[{i}].content` must be a string, a list of parts or null"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn render(tokenizer: &ModelTokenizer, messages: &[Value]) -> Result<String, ApiError> {
+    let inputs = ChatInputs {
+        messages,
+        add_generation_prompt: true,
+        tools: None,
+    };
+    tokenizer.apply_chat_template(&inputs).map_err(|e| {
+        invalid!("`messages` could not be rendered with the model's chat template: {e}")
+    })
+}
+
+async fn run(ready: &Ready, p: Prepared) -> Result<ChatResponse, ApiError> {
+    let tokenizer = ready.validator.tokenizer();
+    let runs = (0..p.n).map(|i| {
+        let request = choice_request(&p.valid.request, i);
+        let tracker = TextTracker::new(tokenizer.clone(), p.valid.stop.clone());
+        async move { collect(ready.backend.schedule(request)?, tracker).await }
+    });
+    let results = try_join_all(runs).await?;
+    let prompt_tokens = p.valid.request.input_ids.len() as u32;
+    let completion_tokens = results.iter().map(|g| g.tokens.len() as u32).sum::<u32>();
+    let choices = results
+        .into_iter()
+        .enumerate()
+        .map(|(index, g)| ChatChoice {
+            index: index as u32,
+            message: ChatMessage {
+                role: "assistant".to_string(),
+                content: g.text.clone(),
+            },
+            logprobs: p.logprobs.map(|k| ChatLogprobs {
+                content: content_logprobs(tokenizer, &g.tokens, k),
+            }),
+            finish_reason: finish_reason(g.finish),
+        })
+        .collect();
+    Ok(ChatResponse {
+        id: new_id("chatcmpl"),
+        object: "chat.completion".to_string(),
+        created: now(),
+        model: ready.info.model_id.clone(),
+        choices,
+        usage: Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        },
+    })
+}
+
+/// Logprobs of the content tokens. Special tokens (the end-of-turn marker) are not part
+/// of `content`, so they are left out here too: the tokens then spell the content.
+fn content_logprobs(
+    tokenizer: &ModelTokenizer,
+    tokens: &[TokenScore],
+    k: u32,
+) -> Vec<ChatTokenLogprob> {
+    tokens
+        .iter()
+        .filter(|t| !tokenizer.is_special(t.id))
+        .map(|t| ChatTokenLogprob {
+            token: tokenizer.token_text(t.id).unwrap_or_default(),
+            logprob: json_logprob(t.logprob.unwrap_or(f32::NEG_INFINITY)),
+            bytes: tokenizer.token_bytes(t.id).unwrap_or_default().to_vec(),
+            top_logprobs: t
+                .top
+                .iter()
+                .take(k as usize)
+                .map(|&(id, lp)| TopLogprob {
+                    token: tokenizer.token_text(id).unwrap_or_default(),
+                    logprob: json_logprob(lp),
+                    bytes: tokenizer.token_bytes(id).unwrap_or_default().to_vec(),
+                    id,
+                })
+                .collect(),
+            id: t.id,
+        })
+        .collect()
+}
+
+fn stream(
+    ready: &Ready,
+    p: Prepared,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Result<Response, ApiError> {
+    let tokenizer = ready.validator.tokenizer().clone();
+    let id = new_id("chatcmpl");
+    let model = ready.info.model_id.clone();
+    let created = now();
+    let prompt_tokens = p.valid.request.input_ids.len() as u32;
+    let mut choice_streams = Vec::new();
+    for i in 0..p.n {
+        let rx = ready
+            .backend
+            .schedule(choice_request(&p.valid.request, i))?;
+        let tracker = TextTracker::new(tokenizer.clone(), p.valid.stop.clone());
+        choice_streams.push(steps(rx, tracker).map(move |s| (i, s)).boxed());
+    }
+    let chunk = move |choices: Vec<ChatChunkChoice>, usage: Option<Usage>| ChatChunk {
+        id: id.clone(),
+        object: "chat.completion.chunk".to_string(),
+        created,
+        model: model.clone(),
+        choices,
+        usage,
+    };
+    // OpenAI opens each choice with a chunk that carries only the role.
+    let opening: Vec<_> = (0..p.n)
+        .map(|index| {
+            let delta = ChatDelta {
+                role: Some("assistant".to_string()),
+                content: Some(String::new()),
+            };
+            json_event(&chunk(
+                vec![ChatChunkChoice {
+                    index,
+                    delta,
+                    logprobs: None,
+                    finish_reason: None,
+                }],
+                None,
+            ))
+        })
+        .collect();
+    let completion_tokens = Arc::new(AtomicU32::new(0));
+    let counted = completion_tokens.clone();
+    let (logprobs, include_usage) = (p.logprobs, p.include_usage);
+    let final_chunk = chunk.clone();
+    let mut failed = false;
+    let events = futures::stream::select_all(choice_streams).filter_map(move |(index, step)| {
+        let _held = &permit;
+        let event = match step {
+            Err(e) if !failed => {
+                failed = true;
+                Some(sse_error(&e))
+            }
+            Err(_) => None,
+            Ok(step) => {
+                counted.fetch_add(1, Ordering::Relaxed);
+                let logprobs = logprobs.map(|k| ChatLogprobs {
+                    content: content_logprobs(&tokenizer, std::slice::from_ref(&step.token), k),
+                });
+                let finish = step.last.as_ref().map(|l| finish_reason(l.finish));
+                let delta = ChatDelta {
+                    role: None,
+                    content: Some(step.delta),
+                };
+                Some(json_event(&chunk(
+                    vec![ChatChunkChoice {
+                        index,
+                        delta,
+                        logprobs,
+                        finish_reason: finish,
+                    }],
+                    None,
+                )))
+            }
+        };
+        futures::future::ready(event)
+    });
+    let tail = futures::stream::once(async move {
+        let mut tail = Vec::new();
+        if include_usage {
+            let completion_tokens = completion_tokens.load(Ordering::Relaxed);
+            let usage = Usage {
+                prompt_tokens,
+                completion_tokens,
+                total_tokens: prompt_tokens + completion_tokens,
+            };
+            tail.push(json_event(&final_chunk(Vec::new(), Some(usage))));
+        }
+        tail.push(done_event());
+        futures::stream::iter(tail)
+    })
+    .flatten();
+    Ok(sse(futures::stream::iter(opening)
+        .chain(events)
+        .chain(tail)))
+}

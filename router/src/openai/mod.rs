@@ -1,0 +1,131 @@
+//! OpenAI-compatible routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models`.
+//!
+//! Both endpoints turn their request into TGI generate parameters and run through the same
+//! validation, scheduler and text tracking as `/generate`; only the wire shapes differ.
+
+pub mod chat;
+pub mod completions;
+pub mod types;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::Json;
+use serde_json::Value;
+
+pub use chat::{__path_chat_completions, chat_completions};
+pub use completions::{__path_completions, completions};
+
+use crate::error::ApiError;
+use crate::infer::{FinishReason, Sampling, ValidRequest};
+use crate::invalid;
+use crate::state::AppState;
+use crate::tgi::types::GenerateParameters;
+use crate::validation::ValidationLimits;
+use types::{Model, ModelList, StringOrList};
+
+/// The fields completions and chat share, checked with OpenAI's names.
+pub(crate) struct Shared {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<i64>,
+    pub stop: Option<StringOrList>,
+    pub seed: Option<u64>,
+    pub frequency_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub logit_bias: Option<Value>,
+}
+
+impl Shared {
+    /// Checks the OpenAI-only rules; returns the number of choices.
+    pub fn check(&self, limits: &ValidationLimits) -> Result<u32, ApiError> {
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(invalid!("`temperature` must be between 0 and 2, got {t}"));
+            }
+        }
+        if self.presence_penalty.is_some_and(|p| p != 0.0) {
+            return Err(invalid!(
+                "`presence_penalty` is not supported (only 0); `frequency_penalty` is"
+            ));
+        }
+        let bias_empty = match &self.logit_bias {
+            None | Some(Value::Null) => true,
+            Some(Value::Object(m)) => m.is_empty(),
+            Some(_) => false,
+        };
+        if !bias_empty {
+            return Err(invalid!("`logit_bias` is not supported"));
+        }
+        let n = self.n.unwrap_or(1);
+        if n < 1 || n > limits.max_best_of as i64 {
+            return Err(invalid!(
+                "`n` must be between 1 and {} (--max-best-of), got {n}",
+                limits.max_best_of
+            ));
+        }
+        Ok(n as u32)
+    }
+
+    /// TGI parameters for one choice. Temperature 0 is greedy; unset is OpenAI's 1.0,
+    /// which samples.
+    pub fn parameters(&self, max_new_tokens: Option<i64>) -> GenerateParameters {
+        let temperature = self.temperature.unwrap_or(1.0);
+        GenerateParameters {
+            max_new_tokens,
+            do_sample: temperature > 0.0,
+            temperature: (temperature > 0.0 && temperature != 1.0).then_some(temperature),
+            top_p: if temperature > 0.0 { self.top_p } else { None },
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            stop: self
+                .stop
+                .clone()
+                .map(StringOrList::into_vec)
+                .unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+}
+
+/// Choice `i` of a request: sampled choices get distinct seeds derived from the request's.
+pub(crate) fn choice_request(request: &ValidRequest, i: u32) -> ValidRequest {
+    let mut request = request.clone();
+    if let Sampling::Sample { seed, .. } = &mut request.sampling {
+        *seed = seed.wrapping_add(i as u64);
+    }
+    request
+}
+
+pub(crate) fn finish_reason(f: FinishReason) -> String {
+    match f {
+        FinishReason::Length => "length",
+        FinishReason::EosToken | FinishReason::StopSequence => "stop",
+    }
+    .to_string()
+}
+
+pub(crate) fn new_id(prefix: &str) -> String {
+    format!("{prefix}-{:032x}", rand::random::<u128>())
+}
+
+pub(crate) fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The served model.
+#[utoipa::path(get, path = "/v1/models", tag = "OpenAI", responses((status = 200, body = ModelList)))]
+pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list".to_string(),
+        data: vec![Model {
+            id: state.config.model_id.clone(),
+            object: "model".to_string(),
+            created: now(),
+            owned_by: "sonde".to_string(),
+        }],
+    })
+}

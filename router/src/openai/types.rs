@@ -1,0 +1,233 @@
+//! OpenAI's wire types for `/v1/completions`, `/v1/chat/completions` and `/v1/models`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// A string or a list of strings (`prompt`, `stop`).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum StringOrList {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StringOrList {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StringOrList::One(s) => vec![s],
+            StringOrList::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    #[schema(value_type = String)]
+    pub prompt: StringOrList,
+    /// Default 16 (OpenAI's); 0 with `echo` and `logprobs` scores the prompt.
+    pub max_tokens: Option<i64>,
+    /// Top alternatives per position (0 = only the chosen token's logprob).
+    pub logprobs: Option<i64>,
+    /// Prepend the prompt (and with `logprobs`, its scores: needs --enable-prefill-logprobs).
+    #[serde(default)]
+    pub echo: bool,
+    /// Only 1 is supported.
+    pub best_of: Option<i64>,
+    // Flattened common fields are listed one by one: serde's `deny_unknown_fields`
+    // does not work together with `flatten`.
+    pub model: Option<String>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    #[schema(value_type = Option<Vec<String>>)]
+    pub stop: Option<StringOrList>,
+    pub seed: Option<u64>,
+    pub frequency_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    #[schema(value_type = Option<Object>)]
+    pub logit_bias: Option<Value>,
+    pub user: Option<String>,
+    pub suffix: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChatRequest {
+    /// `[{"role", "content"}]`, rendered with the model's chat template.
+    #[schema(value_type = Vec<Object>)]
+    pub messages: Vec<Value>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    /// Return the chosen tokens' logprobs.
+    #[serde(default)]
+    pub logprobs: bool,
+    /// Alternatives per position (needs `logprobs: true`).
+    pub top_logprobs: Option<i64>,
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<Value>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tools: Option<Value>,
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<Value>,
+    pub model: Option<String>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    #[schema(value_type = Option<Vec<String>>)]
+    pub stop: Option<StringOrList>,
+    pub seed: Option<u64>,
+    pub frequency_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    #[schema(value_type = Option<Object>)]
+    pub logit_bias: Option<Value>,
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+}
+
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    /// null for the first prompt token (with `echo`).
+    pub token_logprobs: Vec<Option<f32>>,
+    /// Alternatives keyed by their text, as OpenAI defines it: two ids with the same
+    /// text keep the more likely one.
+    #[schema(value_type = Vec<Option<Object>>)]
+    pub top_logprobs: Vec<Option<indexmap_like::TopMap>>,
+    /// Character offset of each token in the choice's text.
+    pub text_offset: Vec<u32>,
+}
+
+/// An ordered map for `top_logprobs`, serialized as a JSON object in rank order.
+pub mod indexmap_like {
+    pub type TopMap = serde_json::Map<String, serde_json::Value>;
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    /// `stop` (eos or a stop sequence), `length`, or null while streaming.
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    /// Sonde: the token id, so distinct ids with the same text stay distinct.
+    pub id: u32,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+    /// Sonde: the token id.
+    pub id: u32,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: ChatMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatChunk {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Model {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub owned_by: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ModelList {
+    pub object: String,
+    pub data: Vec<Model>,
+}

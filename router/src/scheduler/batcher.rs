@@ -1,0 +1,301 @@
+//! The batching loop: admit, prefill, decode, dispatch, repeat.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Instant;
+
+use sonde_proto as pb;
+use tokio::sync::mpsc;
+
+use super::queue::{Budget, Entry, Queue};
+use super::BatchingConfig;
+use crate::client::{finish_reason, to_proto, token_score, ClientError, ShardClients};
+use crate::error::ApiError;
+use crate::infer::InferEvent;
+use crate::metrics as m;
+
+pub(super) struct Batcher {
+    client: ShardClients,
+    config: BatchingConfig,
+    inbox: mpsc::UnboundedReceiver<Entry>,
+    queue: Queue,
+    /// Requests the shard holds, by their shard id.
+    running: HashMap<u64, Entry>,
+    /// Batches the shard holds; more than one only between a prefill and the decode
+    /// that merges them.
+    cached: Vec<pb::CachedBatch>,
+    next_request_id: u64,
+    next_batch_id: u64,
+    /// Decode steps since the last prefill.
+    waiting_steps: u32,
+}
+
+enum Step {
+    Prefill,
+    Decode,
+}
+
+impl Batcher {
+    pub(super) fn new(
+        client: ShardClients,
+        config: BatchingConfig,
+        inbox: mpsc::UnboundedReceiver<Entry>,
+    ) -> Self {
+        Self {
+            client,
+            config,
+            inbox,
+            queue: Queue::default(),
+            running: HashMap::new(),
+            cached: Vec::new(),
+            next_request_id: 0,
+            next_batch_id: 0,
+            waiting_steps: 0,
+        }
+    }
+
+    pub(super) async fn run(mut self) {
+        loop {
+            if self.cached.is_empty() && self.queue.is_empty() {
+                // Idle: sleep until a request arrives; a closed inbox means shutdown.
+                match self.inbox.recv().await {
+                    Some(entry) => self.queue.push(entry),
+                    None => break,
+                }
+            }
+            while let Ok(entry) = self.inbox.try_recv() {
+                self.queue.push(entry);
+            }
+            self.queue.drop_cancelled();
+            self.admit().await;
+            self.drop_cancelled().await;
+            if !self.cached.is_empty() {
+                self.decode().await;
+            }
+            self.report_gauges();
+        }
+        if let Err(e) = self.client.clear(None).await {
+            tracing::warn!(error = %e, "could not clear the shard caches at shutdown");
+        }
+    }
+
+    fn report_gauges(&self) {
+        metrics::gauge!(m::QUEUE_SIZE).set(self.queue.len() as f64);
+        metrics::gauge!(m::BATCH_SIZE).set(self.running.len() as f64);
+        let reserved: u32 = self.cached.iter().map(|b| b.reserved_tokens).sum();
+        metrics::gauge!(m::BATCH_RESERVED_TOKENS).set(reserved as f64);
+    }
+
+    /// Prefills a new batch from the queue when the policy allows.
+    async fn admit(&mut self) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let reserved: u32 = self.cached.iter().map(|b| b.reserved_tokens).sum();
+        let running = self.running.len();
+        let min_size = if running == 0 || self.waiting_steps >= self.config.max_waiting_tokens {
+            0
+        } else {
+            (running as f32 * self.config.waiting_served_ratio).floor() as usize
+        };
+        let budget = Budget {
+            min_size,
+            prefill_tokens: self.config.max_batch_prefill_tokens,
+            total_tokens: self.config.max_batch_total_tokens.saturating_sub(reserved),
+        };
+        let Some(entries) = self.queue.next_batch(budget) else {
+            if self.cached.is_empty() {
+                // Nothing runs and the head still does not fit: validation should have
+                // refused it; fail it rather than spin.
+                if let Some(entry) = self.queue.pop_front() {
+                    entry.fail(ApiError::Validation(format!(
+                        "the request needs {} KV tokens, more than the server's budget of {}",
+                        entry.request.reserved_tokens(),
+                        self.config.max_batch_total_tokens
+                    )));
+                }
+            }
+            return;
+        };
+        self.prefill(entries).await;
+        self.waiting_steps = 0;
+    }
+
+    async fn prefill(&mut self, entries: Vec<Entry>) {
+        let batch_id = self.next_batch_id;
+        self.next_batch_id += 1;
+        let mut requests = Vec::with_capacity(entries.len());
+        let mut ids = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let id = self.next_request_id;
+            self.next_request_id += 1;
+            metrics::counter!(m::INPUT_TOKENS).increment(entry.request.input_ids.len() as u64);
+            requests.push(to_proto(id, &entry.request));
+            ids.push(id);
+            self.running.insert(id, entry);
+        }
+        let batch = pb::Batch {
+            id: batch_id,
+            requests,
+        };
+        let started = Instant::now();
+        let client = self.client.clone();
+        match self.deadline(client.prefill(batch)).await {
+            Ok(resp) => {
+                observe(Step::Prefill, started, resp.forward_ns);
+                self.dispatch(resp.generations, true);
+                if let Some(batch) = resp.batch {
+                    self.cached.push(batch);
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, batch_id, "prefill failed");
+                self.fail(&ids, &e);
+                // Best effort: the shard may hold part of the batch, or be gone.
+                let _ = self.deadline(self.client.clear(Some(batch_id))).await;
+            }
+        }
+    }
+
+    async fn decode(&mut self) {
+        let batches = std::mem::take(&mut self.cached);
+        let ids: Vec<u64> = batches
+            .iter()
+            .flat_map(|b| b.request_ids.iter().copied())
+            .collect();
+        let started = Instant::now();
+        let client = self.client.clone();
+        match self.deadline(client.decode(batches)).await {
+            Ok(resp) => {
+                observe(Step::Decode, started, resp.forward_ns);
+                self.dispatch(resp.generations, false);
+                if let Some(batch) = resp.batch {
+                    self.cached.push(batch);
+                }
+                self.waiting_steps += 1;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "decode failed");
+                self.fail(&ids, &e);
+                let _ = self.deadline(self.client.clear(None)).await;
+            }
+        }
+    }
+
+    /// Frees the shard slots of requests whose client went away.
+    async fn drop_cancelled(&mut self) {
+        let mut kept = Vec::with_capacity(self.cached.len());
+        for batch in std::mem::take(&mut self.cached) {
+            let keep: Vec<u64> = batch
+                .request_ids
+                .iter()
+                .copied()
+                .filter(|id| self.running.get(id).is_some_and(|e| !e.is_cancelled()))
+                .collect();
+            if keep.len() == batch.request_ids.len() {
+                kept.push(batch);
+                continue;
+            }
+            for id in &batch.request_ids {
+                if !keep.contains(id) {
+                    self.running.remove(id);
+                }
+            }
+            let result = if keep.is_empty() {
+                self.deadline(self.client.clear(Some(batch.id)))
+                    .await
+                    .map(|_| None)
+            } else {
+                self.deadline(self.client.filter(batch.id, keep.clone()))
+                    .await
+                    .map(Some)
+            };
+            match result {
+                Ok(Some(filtered)) => kept.push(filtered),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "filtering a batch failed");
+                    self.fail(&keep, &e);
+                    let _ = self.deadline(self.client.clear(Some(batch.id))).await;
+                }
+            }
+        }
+        self.cached = kept;
+    }
+
+    /// Hands each generation to its request; forgets the ones that finished (the shard
+    /// already dropped them).
+    fn dispatch(&mut self, generations: Vec<pb::Generation>, prefill: bool) {
+        let now = Instant::now();
+        for g in generations {
+            let Some(entry) = self.running.get_mut(&g.request_id) else {
+                continue;
+            };
+            let finish = g.finish_reason.and_then(finish_reason);
+            if prefill {
+                let prompt = g.prefill.into_iter().map(token_score).collect();
+                let _ = entry.tx.send(Ok(InferEvent::Prompt(prompt)));
+            }
+            match g.token {
+                Some(token) => {
+                    match entry.last_event_at {
+                        None => metrics::histogram!(m::TIME_TO_FIRST_TOKEN)
+                            .record(now.duration_since(entry.queued_at).as_secs_f64()),
+                        Some(last) => metrics::histogram!(m::INTER_TOKEN_LATENCY)
+                            .record(now.duration_since(last).as_secs_f64()),
+                    }
+                    metrics::counter!(m::GENERATED_TOKENS).increment(1);
+                    entry.last_event_at = Some(now);
+                    let _ = entry.tx.send(Ok(InferEvent::Token {
+                        token: token_score(token),
+                        finish,
+                    }));
+                }
+                None => {
+                    if let Some(reason) = finish {
+                        let _ = entry.tx.send(Ok(InferEvent::End(reason)));
+                    }
+                }
+            }
+            if finish.is_some() {
+                self.running.remove(&g.request_id);
+            }
+        }
+    }
+
+    /// Fails the given requests with a 424 naming the shard's error.
+    fn fail(&mut self, ids: &[u64], error: &ClientError) {
+        let api = ApiError::Generation(format!("generation failed in the shard: {error}"));
+        for id in ids {
+            if let Some(entry) = self.running.remove(id) {
+                metrics::counter!(m::FAILED_REQUESTS, "reason" => "generation").increment(1);
+                entry.fail(api.clone());
+            }
+        }
+    }
+
+    /// Runs a shard call under the per-step deadline.
+    async fn deadline<T>(
+        &self,
+        call: impl Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, ClientError> {
+        match tokio::time::timeout(self.config.step_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(ClientError::Status {
+                rank: 0,
+                code: tonic::Code::DeadlineExceeded,
+                message: format!("no answer within {:?}", self.config.step_timeout),
+            }),
+        }
+    }
+}
+
+fn observe(step: Step, started: Instant, forward_ns: u64) {
+    let method = match step {
+        Step::Prefill => "prefill",
+        Step::Decode => "decode",
+    };
+    metrics::histogram!(m::STEP_DURATION, "method" => method)
+        .record(started.elapsed().as_secs_f64());
+    metrics::histogram!(m::FORWARD_DURATION, "method" => method).record(forward_ns as f64 * 1e-9);
+}

@@ -1,0 +1,57 @@
+//! Continuous batching. `Scheduler` is a cloneable handle; one task (`batcher`) owns the
+//! queue, the running requests and the shard client, and is the only one to call the
+//! shards. Requests arrive on a channel; each gets its events on its own channel, and a
+//! dropped receiver is how a request is cancelled.
+
+mod batcher;
+mod queue;
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::client::ShardClients;
+use crate::error::ApiError;
+use crate::infer::{Backend, EventReceiver, ValidRequest};
+use queue::Entry;
+
+/// The batching policy (TGI's flags and meanings).
+#[derive(Debug, Clone)]
+pub struct BatchingConfig {
+    /// Prompt tokens in one prefill call.
+    pub max_batch_prefill_tokens: u32,
+    /// KV tokens (prompt + max_new_tokens) over every running request.
+    pub max_batch_total_tokens: u32,
+    /// A prefill interrupts the running batch only if it brings at least
+    /// `ratio × running` requests...
+    pub waiting_served_ratio: f32,
+    /// ...unless requests have waited this many decode steps.
+    pub max_waiting_tokens: u32,
+    /// A shard call taking longer than this fails its requests (424): a stuck shard must
+    /// not hang every client.
+    pub step_timeout: Duration,
+}
+
+#[derive(Clone)]
+pub struct Scheduler {
+    tx: mpsc::UnboundedSender<Entry>,
+}
+
+impl Scheduler {
+    /// Starts the batching task; it ends when every handle is dropped.
+    pub fn spawn(client: ShardClients, config: BatchingConfig) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(batcher::Batcher::new(client, config, rx).run());
+        Self { tx }
+    }
+}
+
+impl Backend for Scheduler {
+    fn schedule(&self, request: ValidRequest) -> Result<EventReceiver, ApiError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.tx.send(Entry::new(request, tx)).map_err(|_| {
+            ApiError::NotReady("the scheduler has stopped: the server is shutting down".to_string())
+        })?;
+        Ok(rx)
+    }
+}

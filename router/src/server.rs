@@ -1,0 +1,130 @@
+//! Assembles the routes and serves them: bind early, answer 503 until the shards are
+//! warm, drain on shutdown.
+
+use std::future::Future;
+
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::routing::{get, post};
+use axum::{middleware, Router};
+use tokio::net::TcpListener;
+
+use crate::config::{RouterArgs, ServerConfig};
+use crate::error::ApiError;
+use crate::state::{AppState, Health};
+use crate::{docs, middleware as mw, openai, ops, startup, tgi, vertex};
+
+/// Every route, once. Vertex's invoke routes forward `/invoke/<path>` unchanged, so the
+/// same routes are mounted under `/invoke` too.
+pub fn app(state: AppState) -> Result<Router, String> {
+    let cfg = state.config.clone();
+    let reserved = [
+        "/generate",
+        "/generate_stream",
+        "/",
+        "/vertex",
+        "/tokenize",
+        "/info",
+        "/metrics",
+        "/docs",
+    ];
+    if reserved.contains(&cfg.predict_route.as_str()) || cfg.predict_route.starts_with("/v1/") {
+        return Err(format!(
+            "AIP_PREDICT_ROUTE {} collides with one of Sonde's own routes",
+            cfg.predict_route
+        ));
+    }
+    if cfg.health_route == cfg.predict_route || reserved.contains(&cfg.health_route.as_str()) {
+        return Err(format!(
+            "AIP_HEALTH_ROUTE {} collides with another route",
+            cfg.health_route
+        ));
+    }
+    let mut inference = Router::new()
+        .route("/generate", post(tgi::generate))
+        .route("/generate_stream", post(tgi::generate_stream))
+        .route("/", post(tgi::compat))
+        .route("/vertex", post(vertex::predict))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/models", get(openai::models))
+        .route("/tokenize", post(ops::tokenize));
+    if cfg.predict_route != "/vertex" {
+        inference = inference.route(&cfg.predict_route, post(vertex::predict));
+    }
+    let inference = inference.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        mw::require_api_key,
+    ));
+    let mut open = Router::new()
+        .route("/health", get(ops::health))
+        .route("/info", get(ops::info))
+        .route("/metrics", get(ops::metrics))
+        .route("/docs", get(docs::page))
+        .route("/api-doc/openapi.json", get(docs::spec));
+    if cfg.health_route != "/health" {
+        open = open.route(&cfg.health_route, get(ops::health));
+    }
+    let routes: Router<AppState> = inference.merge(open);
+    Ok(Router::new()
+        .merge(routes.clone())
+        .nest("/invoke", routes)
+        .fallback(not_found)
+        .layer(middleware::from_fn(mw::track))
+        .layer(DefaultBodyLimit::max(cfg.payload_limit))
+        .with_state(state))
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::NotFound(format!(
+        "no route for {} {}",
+        request.method(),
+        request.uri().path()
+    ))
+}
+
+/// Binds `config`'s address.
+pub async fn bind(config: &ServerConfig) -> std::io::Result<TcpListener> {
+    TcpListener::bind((config.hostname.as_str(), config.port)).await
+}
+
+/// Serves until `shutdown` resolves, then drains: health turns 503, new requests are
+/// refused, and in-flight ones finish. Startup (tokenizer, shards, warmup) runs in the
+/// background; if it fails the server stops with its error.
+pub async fn run(
+    args: RouterArgs,
+    config: ServerConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let state = AppState::new(config);
+    let app = app(state.clone()).map_err(anyhow::Error::msg)?;
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<anyhow::Error>();
+    let startup_state = state.clone();
+    tokio::spawn(async move {
+        if let Err(e) = startup::start(&args, &startup_state).await {
+            let _ = failed_tx.send(e);
+        }
+    });
+    let drain_state = state.clone();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<Option<anyhow::Error>>();
+    tokio::spawn(async move {
+        let outcome = tokio::select! {
+            _ = shutdown => None,
+            Ok(e) = failed_rx => Some(e),
+        };
+        drain_state.set_health(Health::Draining);
+        let _ = stop_tx.send(outcome);
+    });
+    let (err_tx, err_rx) = tokio::sync::oneshot::channel();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            if let Ok(outcome) = stop_rx.await {
+                let _ = err_tx.send(outcome);
+            }
+        })
+        .await?;
+    match err_rx.await {
+        Ok(Some(e)) => Err(e),
+        _ => Ok(()),
+    }
+}

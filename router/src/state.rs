@@ -1,0 +1,141 @@
+//! The state every handler shares: configuration, health, and — once the shards are warm —
+//! the validator and the backend.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Serialize;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use utoipa::ToSchema;
+
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+use crate::infer::Backend;
+use crate::validation::Validator;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Health {
+    Starting = 0,
+    Ready = 1,
+    Draining = 2,
+    ShardFailed = 3,
+}
+
+/// What only exists once the shards answered Info and Warmup.
+pub struct Ready {
+    pub validator: Validator,
+    pub backend: Arc<dyn Backend>,
+    pub info: Info,
+}
+
+/// `GET /info`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Info {
+    pub model_id: String,
+    pub model_dtype: String,
+    pub model_device_type: String,
+    pub architecture: String,
+    pub weights_format: String,
+    pub vocab_size: u32,
+    pub max_context: u32,
+    pub max_input_tokens: u32,
+    pub max_total_tokens: u32,
+    pub max_concurrent_requests: usize,
+    pub max_best_of: u32,
+    pub max_stop_sequences: usize,
+    pub max_top_n_tokens: u32,
+    pub max_label_tokens: u32,
+    pub max_batch_prefill_tokens: u32,
+    pub max_batch_total_tokens: u32,
+    pub waiting_served_ratio: f32,
+    pub max_waiting_tokens: u32,
+    pub enable_prefill_logprobs: bool,
+    /// `raw` or `processed`: what `logprob` means when a request does not say.
+    pub logprobs_mode: String,
+    pub max_vertex_instances: usize,
+    pub max_response_bytes: usize,
+    pub payload_limit: usize,
+    pub num_shard: usize,
+    pub router: String,
+    pub version: String,
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<ServerConfig>,
+    health: Arc<AtomicU8>,
+    ready: Arc<OnceLock<Ready>>,
+    limiter: Arc<Semaphore>,
+    pub metrics: PrometheusHandle,
+}
+
+impl AppState {
+    pub fn new(config: ServerConfig) -> Self {
+        let limiter = Arc::new(Semaphore::new(config.max_concurrent_requests));
+        Self {
+            config: Arc::new(config),
+            health: Arc::new(AtomicU8::new(Health::Starting as u8)),
+            ready: Arc::new(OnceLock::new()),
+            limiter,
+            metrics: crate::metrics::handle(),
+        }
+    }
+
+    pub fn health(&self) -> Health {
+        match self.health.load(Ordering::Acquire) {
+            1 => Health::Ready,
+            2 => Health::Draining,
+            3 => Health::ShardFailed,
+            _ => Health::Starting,
+        }
+    }
+
+    pub fn set_health(&self, health: Health) {
+        // Draining is final: a late "ready" from a recovering shard must not undo it.
+        if self.health() != Health::Draining {
+            self.health.store(health as u8, Ordering::Release);
+        }
+    }
+
+    /// Makes the server ready (once).
+    pub fn set_ready(&self, ready: Ready) {
+        if self.ready.set(ready).is_ok() {
+            self.set_health(Health::Ready);
+        }
+    }
+
+    /// The backend, or 503 while starting or draining.
+    pub fn ready(&self) -> Result<&Ready, ApiError> {
+        match (self.health(), self.ready.get()) {
+            (Health::Draining, _) => Err(ApiError::NotReady(
+                "the server is shutting down".to_string(),
+            )),
+            (_, Some(ready)) => Ok(ready),
+            (_, None) => Err(ApiError::NotReady(
+                "the model is still loading; retry when /health answers 200".into(),
+            )),
+        }
+    }
+
+    /// The backend if ready, whatever the health (for `/info`).
+    pub fn ready_info(&self) -> Option<&Info> {
+        self.ready.get().map(|r| &r.info)
+    }
+
+    /// A slot for `n` concurrent generations, or 429.
+    pub fn permit(&self, n: u32) -> Result<OwnedSemaphorePermit, ApiError> {
+        let max = self.config.max_concurrent_requests;
+        if n as usize > max {
+            return Err(ApiError::Validation(format!(
+                "the request needs {n} concurrent generations, more than --max-concurrent-requests ({max})"
+            )));
+        }
+        self.limiter.clone().try_acquire_many_owned(n).map_err(|_| {
+            ApiError::Overloaded(format!(
+                "the server already has --max-concurrent-requests ({max}) requests in flight; retry later"
+            ))
+        })
+    }
+}

@@ -1,0 +1,145 @@
+//! Vertex AI predict: `{"instances": [...], "parameters": {...}}` → `{"predictions": [...]}`.
+//!
+//! Every instance is a whole request of its own kind — `inputs` (TGI generate, every
+//! parameter honoured), `messages` (OpenAI chat) or `prompt` (OpenAI completion) — and
+//! they all run at once, batching together. Top-level `parameters` are defaults for the
+//! `inputs` instances' own `parameters`.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use futures::future::try_join_all;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+use crate::error::{ApiError, ErrorBody};
+use crate::invalid;
+use crate::json::ApiJson;
+use crate::openai;
+use crate::state::{AppState, Ready};
+use crate::tgi::respond;
+use crate::tgi::types::GenerateRequest;
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PredictRequest {
+    /// Each: `{"inputs", "parameters"?}`, `{"messages", ...chat fields}` or
+    /// `{"prompt", ...completion fields}`.
+    #[schema(value_type = Vec<Object>)]
+    pub instances: Vec<Value>,
+    /// Defaults for every `inputs` instance's `parameters`.
+    #[schema(value_type = Option<Object>)]
+    pub parameters: Option<Value>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PredictResponse {
+    /// In instance order: the generated text when the instance asked for no score, else
+    /// the full generate answer; an OpenAI object for chat and completion instances.
+    #[schema(value_type = Vec<Object>)]
+    pub predictions: Vec<Value>,
+}
+
+/// Vertex AI's predict route (also `$AIP_PREDICT_ROUTE`).
+#[utoipa::path(post, path = "/vertex", tag = "Vertex AI", request_body = PredictRequest,
+    responses((status = 200, body = PredictResponse), (status = 413, body = ErrorBody),
+              (status = 422, body = ErrorBody), (status = 424, body = ErrorBody)))]
+pub async fn predict(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<PredictRequest>,
+) -> Result<Response, ApiError> {
+    let ready = state.ready()?;
+    let max = state.config.max_vertex_instances;
+    if req.instances.is_empty() {
+        return Err(invalid!("`instances` must not be empty"));
+    }
+    if req.instances.len() > max {
+        return Err(invalid!(
+            "`instances` has {} entries, more than --max-vertex-instances ({max})",
+            req.instances.len()
+        ));
+    }
+    let defaults = match req.parameters {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(map)) => map,
+        Some(_) => return Err(invalid!("`parameters` must be an object")),
+    };
+    let _permit = state.permit(req.instances.len() as u32)?;
+    let runs = req.instances.into_iter().enumerate().map(|(i, instance)| {
+        let defaults = &defaults;
+        async move {
+            predict_one(ready, instance, defaults)
+                .await
+                .map_err(|e| e.context(&format!("instances[{i}]")))
+        }
+    });
+    let predictions = try_join_all(runs).await?;
+    let body = serde_json::to_vec(&PredictResponse { predictions })
+        .map_err(|e| ApiError::Internal(format!("serializing predictions: {e}")))?;
+    let limit = state.config.max_response_bytes;
+    if body.len() > limit {
+        return Err(ApiError::ResponseTooLarge(format!(
+            "the predictions take {} bytes, over --max-response-bytes ({limit}); ask for fewer instances, \
+             fewer tokens (max_new_tokens) or fewer scores (top_n_tokens, decoder_input_details, details)",
+            body.len()
+        )));
+    }
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+async fn predict_one(
+    ready: &Ready,
+    instance: Value,
+    defaults: &Map<String, Value>,
+) -> Result<Value, ApiError> {
+    let Value::Object(mut fields) = instance else {
+        return Err(invalid!(
+            "an instance must be an object with `inputs`, `messages` or `prompt`"
+        ));
+    };
+    if fields.contains_key("inputs") {
+        let own = match fields.remove("parameters") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(map)) => map,
+            Some(_) => return Err(invalid!("`parameters` must be an object")),
+        };
+        let mut merged = defaults.clone();
+        merged.extend(own);
+        fields.insert("parameters".to_string(), Value::Object(merged));
+        let req: GenerateRequest = from_value(Value::Object(fields))?;
+        if req.stream {
+            return Err(invalid!("`stream` is not available in Vertex predict"));
+        }
+        let valid = ready
+            .validator
+            .validate(req.inputs.clone(), &req.parameters, true)
+            .await?;
+        let answer = respond::generate(ready, &valid, &req.inputs).await?;
+        if valid.wants_scores() {
+            to_value(&answer)
+        } else {
+            Ok(Value::String(answer.generated_text))
+        }
+    } else if fields.contains_key("messages") {
+        let req = from_value(Value::Object(fields))?;
+        to_value(&openai::chat::complete(ready, req).await?)
+    } else if fields.contains_key("prompt") {
+        let req = from_value(Value::Object(fields))?;
+        to_value(&openai::completions::complete(ready, req).await?)
+    } else {
+        Err(invalid!(
+            "an instance must have `inputs` (generate), `messages` (chat) or `prompt` (completion)"
+        ))
+    }
+}
+
+fn from_value<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, ApiError> {
+    // The path names the offending field (`parameters.top_n_tokens: invalid type ...`).
+    serde_path_to_error::deserialize(value).map_err(|e| ApiError::Validation(e.to_string()))
+}
+
+fn to_value<T: Serialize>(value: &T) -> Result<Value, ApiError> {
+    serde_json::to_value(value)
+        .map_err(|e| ApiError::Internal(format!("serializing a prediction: {e}")))
+}
