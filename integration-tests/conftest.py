@@ -118,7 +118,10 @@ class SondeServer:
         env.setdefault("NO_COLOR", "1")  # plain log files
         prefix = self.dir / "shard"
         uds = Path(f"{prefix}-0")
-        self._spawn("shard", [shard_bin, "--model", str(MODEL), "--uds-path", str(uds)], env)
+        self._shard_cmd = [shard_bin, "--model", str(MODEL), "--uds-path", str(uds)]
+        self._shard_env = env
+        self._shard_uds = uds
+        self._spawn("shard", self._shard_cmd, env)
         # The launcher's job in production: start the router once the shard's socket exists.
         deadline = time.monotonic() + START_TIMEOUT_S
         while not uds.exists():
@@ -150,6 +153,17 @@ class SondeServer:
             if time.monotonic() > deadline:
                 self._fail(f"{self.url}/health not 200 after {START_TIMEOUT_S} s (last: {last})")
             time.sleep(0.2)
+
+    def kill_shard(self):
+        """SIGKILL, as the OOM killer or a crash would."""
+        proc = self.procs["shard"]
+        proc.kill()
+        proc.wait()
+
+    def restart_shard(self):
+        """What the launcher does after a shard died: the same command on the same socket."""
+        self._shard_uds.unlink(missing_ok=True)
+        self._spawn("shard", self._shard_cmd, self._shard_env)
 
     def log_tails(self):
         return "\n".join(f"--- {self.dir / name}.log ---\n{_tail(self.dir / (name + '.log'))}"

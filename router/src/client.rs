@@ -30,6 +30,17 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// Whether the shard itself is gone or stuck (not merely refusing one request).
+    pub fn shard_down(&self) -> bool {
+        match self {
+            ClientError::Connect { .. } | ClientError::NoShard => true,
+            ClientError::Status { code, .. } => matches!(
+                code,
+                tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+            ),
+        }
+    }
+
     fn status(rank: usize, status: tonic::Status) -> Self {
         ClientError::Status {
             rank,

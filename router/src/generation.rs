@@ -277,3 +277,7 @@ pub fn steps(
         }
     })
 }
+
+#[cfg(test)]
+#[path = "generation_tests.rs"]
+mod tests;

@@ -81,7 +81,7 @@ pub async fn start(args: &RouterArgs, state: &AppState) -> anyhow::Result<()> {
         router: "sonde-router".to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
     };
-    let scheduler = Scheduler::spawn(client, batching);
+    let scheduler = Scheduler::spawn(client, batching, state.health_cell());
     state.set_ready(Ready {
         validator: Validator::new(Arc::new(tokenizer), limits),
         backend: Arc::new(scheduler),

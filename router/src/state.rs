@@ -62,10 +62,43 @@ pub struct Info {
     pub version: String,
 }
 
+/// The server's health, shared by the handlers and the scheduler (which sees a shard
+/// fail and come back).
+#[derive(Clone, Debug)]
+pub struct HealthCell(Arc<AtomicU8>);
+
+impl HealthCell {
+    pub fn new() -> Self {
+        Self(Arc::new(AtomicU8::new(Health::Starting as u8)))
+    }
+
+    pub fn get(&self) -> Health {
+        match self.0.load(Ordering::Acquire) {
+            1 => Health::Ready,
+            2 => Health::Draining,
+            3 => Health::ShardFailed,
+            _ => Health::Starting,
+        }
+    }
+
+    pub fn set(&self, health: Health) {
+        // Draining is final: a shard coming back must not undo it.
+        let _ = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+            (now != Health::Draining as u8).then_some(health as u8)
+        });
+    }
+}
+
+impl Default for HealthCell {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[derive(Clone)]
 pub struct AppState {
     pub config: Arc<ServerConfig>,
-    health: Arc<AtomicU8>,
+    health: HealthCell,
     ready: Arc<OnceLock<Ready>>,
     limiter: Arc<Semaphore>,
     pub metrics: PrometheusHandle,
@@ -76,7 +109,7 @@ impl AppState {
         let limiter = Arc::new(Semaphore::new(config.max_concurrent_requests));
         Self {
             config: Arc::new(config),
-            health: Arc::new(AtomicU8::new(Health::Starting as u8)),
+            health: HealthCell::new(),
             ready: Arc::new(OnceLock::new()),
             limiter,
             metrics: crate::metrics::handle(),
@@ -84,19 +117,16 @@ impl AppState {
     }
 
     pub fn health(&self) -> Health {
-        match self.health.load(Ordering::Acquire) {
-            1 => Health::Ready,
-            2 => Health::Draining,
-            3 => Health::ShardFailed,
-            _ => Health::Starting,
-        }
+        self.health.get()
     }
 
     pub fn set_health(&self, health: Health) {
-        // Draining is final: a late "ready" from a recovering shard must not undo it.
-        if self.health() != Health::Draining {
-            self.health.store(health as u8, Ordering::Release);
-        }
+        self.health.set(health);
+    }
+
+    /// The cell the scheduler reports shard failures and recoveries to.
+    pub fn health_cell(&self) -> HealthCell {
+        self.health.clone()
     }
 
     /// Makes the server ready (once).
@@ -111,6 +141,9 @@ impl AppState {
         match (self.health(), self.ready.get()) {
             (Health::Draining, _) => Err(ApiError::NotReady(
                 "the server is shutting down".to_string(),
+            )),
+            (Health::ShardFailed, _) => Err(ApiError::NotReady(
+                "a shard failed and is coming back; retry shortly".into(),
             )),
             (_, Some(ready)) => Ok(ready),
             (_, None) => Err(ApiError::NotReady(

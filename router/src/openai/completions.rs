@@ -180,10 +180,13 @@ async fn run(ready: &Ready, p: Prepared) -> Result<CompletionResponse, ApiError>
         };
         let logprobs = p.logprobs.map(|k| {
             let mut lp = CompletionLogprobs::default();
-            if p.echo {
-                append(&mut lp, tokenizer, &g.prompt, k);
-            }
-            append(&mut lp, tokenizer, &g.tokens, k);
+            // Offsets count characters from the start of the prompt, as OpenAI's do.
+            let start = if p.echo {
+                append(&mut lp, tokenizer, &g.prompt, k, 0)
+            } else {
+                prompt.chars().count() as u32
+            };
+            append(&mut lp, tokenizer, &g.tokens, k, start);
             lp
         });
         choices.push(CompletionChoice {
@@ -204,12 +207,16 @@ async fn run(ready: &Ready, p: Prepared) -> Result<CompletionResponse, ApiError>
     })
 }
 
-/// Adds tokens to OpenAI's parallel lists; offsets continue from the text so far.
-fn append(lp: &mut CompletionLogprobs, tokenizer: &ModelTokenizer, tokens: &[TokenScore], k: u32) {
-    let mut offset = match (lp.text_offset.last(), lp.tokens.last()) {
-        (Some(&o), Some(t)) => o + t.chars().count() as u32,
-        _ => 0,
-    };
+/// Adds tokens to OpenAI's parallel lists, the first at character offset `start`;
+/// returns the offset after the last.
+fn append(
+    lp: &mut CompletionLogprobs,
+    tokenizer: &ModelTokenizer,
+    tokens: &[TokenScore],
+    k: u32,
+    start: u32,
+) -> u32 {
+    let mut offset = start;
     for t in tokens {
         let text = tokenizer.token_text(t.id).unwrap_or_default();
         lp.text_offset.push(offset);
@@ -219,6 +226,7 @@ fn append(lp: &mut CompletionLogprobs, tokenizer: &ModelTokenizer, tokens: &[Tok
         lp.top_logprobs
             .push(t.logprob.map(|_| top_map(tokenizer, t, k)));
     }
+    offset
 }
 
 fn top_map(
@@ -256,9 +264,10 @@ fn stream(
             let rx = ready.backend.schedule(choice_request(&valid.request, i))?;
             let tracker = TextTracker::new(tokenizer.clone(), valid.stop.clone());
             let echo = p.echo.then(|| prompt.clone());
+            let prompt_chars = prompt.chars().count() as u32;
             choice_streams.push(
                 steps(rx, tracker)
-                    .map(move |s| (index, echo.clone(), s))
+                    .map(move |s| (index, prompt_chars, echo.clone(), s))
                     .boxed(),
             );
         }
@@ -275,9 +284,10 @@ fn stream(
     let completion_tokens = Arc::new(AtomicU32::new(0));
     let counted = completion_tokens.clone();
     let mut failed = false;
+    let mut offsets = std::collections::HashMap::new();
     let final_chunk = chunk.clone();
     let events =
-        futures::stream::select_all(choice_streams).filter_map(move |(index, echo, step)| {
+        futures::stream::select_all(choice_streams).filter_map(move |(index, prompt_chars, echo, step)| {
             let _held = &permit;
             let event = match step {
                 // One error event is enough; the other choices of the request failed alike.
@@ -292,9 +302,10 @@ fn stream(
                     if let (0, Some(prompt)) = (step.index, echo) {
                         text.insert_str(0, &prompt);
                     }
+                    let offset = offsets.entry(index).or_insert(prompt_chars);
                     let logprobs = logprobs.map(|k| {
                         let mut lp = CompletionLogprobs::default();
-                        append(&mut lp, &tokenizer, std::slice::from_ref(&step.token), k);
+                        *offset = append(&mut lp, &tokenizer, std::slice::from_ref(&step.token), k, *offset);
                         lp
                     });
                     let finish = step.last.as_ref().map(|l| finish_reason(l.finish));

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sonde_proto as pb;
 use tokio::sync::mpsc;
@@ -13,6 +13,10 @@ use crate::client::{finish_reason, to_proto, token_score, ClientError, ShardClie
 use crate::error::ApiError;
 use crate::infer::InferEvent;
 use crate::metrics as m;
+use crate::state::{Health, HealthCell};
+
+/// How often an idle scheduler asks a failed shard whether it is back.
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 pub(super) struct Batcher {
     client: ShardClients,
@@ -24,6 +28,7 @@ pub(super) struct Batcher {
     /// Batches the shard holds; more than one only between a prefill and the decode
     /// that merges them.
     cached: Vec<pb::CachedBatch>,
+    health: HealthCell,
     next_request_id: u64,
     next_batch_id: u64,
     /// Decode steps since the last prefill.
@@ -39,11 +44,13 @@ impl Batcher {
     pub(super) fn new(
         client: ShardClients,
         config: BatchingConfig,
+        health: HealthCell,
         inbox: mpsc::UnboundedReceiver<Entry>,
     ) -> Self {
         Self {
             client,
             config,
+            health,
             inbox,
             queue: Queue::default(),
             running: HashMap::new(),
@@ -58,9 +65,19 @@ impl Batcher {
         loop {
             if self.cached.is_empty() && self.queue.is_empty() {
                 // Idle: sleep until a request arrives; a closed inbox means shutdown.
-                match self.inbox.recv().await {
-                    Some(entry) => self.queue.push(entry),
-                    None => break,
+                // While a shard is down, wake up every second to see if it came back.
+                let next = if self.health.get() == Health::ShardFailed {
+                    tokio::time::timeout(PROBE_INTERVAL, self.inbox.recv()).await
+                } else {
+                    Ok(self.inbox.recv().await)
+                };
+                match next {
+                    Ok(Some(entry)) => self.queue.push(entry),
+                    Ok(None) => break,
+                    Err(_) => {
+                        self.probe().await;
+                        continue;
+                    }
                 }
             }
             while let Ok(entry) = self.inbox.try_recv() {
@@ -76,6 +93,14 @@ impl Batcher {
         }
         if let Err(e) = self.client.clear(None).await {
             tracing::warn!(error = %e, "could not clear the shard caches at shutdown");
+        }
+    }
+
+    /// Asks a failed shard whether it is back.
+    async fn probe(&self) {
+        if self.deadline(self.client.health()).await.is_ok() {
+            tracing::info!("the shard answers again; serving");
+            self.health.set(Health::Ready);
         }
     }
 
@@ -265,6 +290,10 @@ impl Batcher {
 
     /// Fails the given requests with a 424 naming the shard's error.
     fn fail(&mut self, ids: &[u64], error: &ClientError) {
+        if error.shard_down() {
+            tracing::error!(error = %error, "the shard is down; health is 503 until it answers again");
+            self.health.set(Health::ShardFailed);
+        }
         let api = ApiError::Generation(format!("generation failed in the shard: {error}"));
         for id in ids {
             if let Some(entry) = self.running.remove(id) {

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use crate::client::ShardClients;
 use crate::error::ApiError;
 use crate::infer::{Backend, EventReceiver, ValidRequest};
+use crate::state::HealthCell;
 use queue::Entry;
 
 /// The batching policy (TGI's flags and meanings).
@@ -39,9 +40,9 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Starts the batching task; it ends when every handle is dropped.
-    pub fn spawn(client: ShardClients, config: BatchingConfig) -> Self {
+    pub fn spawn(client: ShardClients, config: BatchingConfig, health: HealthCell) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(batcher::Batcher::new(client, config, rx).run());
+        tokio::spawn(batcher::Batcher::new(client, config, health, rx).run());
         Self { tx }
     }
 }
