@@ -40,6 +40,9 @@ pub struct RouterArgs {
     /// Log as JSON lines.
     #[arg(long)]
     pub json_output: bool,
+    /// Seconds in-flight requests get to finish after SIGTERM (health is 503 meanwhile).
+    #[arg(long, default_value_t = 90)]
+    pub graceful_termination_timeout: u64,
     #[command(flatten)]
     pub limits: LimitArgs,
     #[command(flatten)]
@@ -128,6 +131,8 @@ pub struct ServerConfig {
     pub max_response_bytes: usize,
     pub model_path: PathBuf,
     pub model_id: String,
+    /// How long a drain waits for in-flight requests.
+    pub drain_timeout: Duration,
 }
 
 /// The environment variables Vertex AI sets, read once.
@@ -185,6 +190,7 @@ impl RouterArgs {
             max_response_bytes: self.limits.max_response_bytes,
             model_path: self.model.clone(),
             model_id,
+            drain_timeout: Duration::from_secs(self.graceful_termination_timeout),
         })
     }
 }

@@ -93,20 +93,25 @@ impl ApiError {
     }
 
     /// The same error with its message prefixed, e.g. by a Vertex instance's index.
-    pub fn context(self, prefix: &str) -> ApiError {
-        let wrap = |m: String| format!("{prefix}: {m}");
+    pub fn context(mut self, prefix: &str) -> ApiError {
+        let message = self.message_mut();
+        *message = format!("{prefix}: {message}");
+        self
+    }
+
+    fn message_mut(&mut self) -> &mut String {
         match self {
-            ApiError::Validation(m) => ApiError::Validation(wrap(m)),
-            ApiError::MalformedJson(m) => ApiError::MalformedJson(wrap(m)),
-            ApiError::UnsupportedMediaType(m) => ApiError::UnsupportedMediaType(wrap(m)),
-            ApiError::PayloadTooLarge(m) => ApiError::PayloadTooLarge(wrap(m)),
-            ApiError::ResponseTooLarge(m) => ApiError::ResponseTooLarge(wrap(m)),
-            ApiError::Unauthorized(m) => ApiError::Unauthorized(wrap(m)),
-            ApiError::Overloaded(m) => ApiError::Overloaded(wrap(m)),
-            ApiError::NotReady(m) => ApiError::NotReady(wrap(m)),
-            ApiError::Generation(m) => ApiError::Generation(wrap(m)),
-            ApiError::NotFound(m) => ApiError::NotFound(wrap(m)),
-            ApiError::Internal(m) => ApiError::Internal(wrap(m)),
+            ApiError::Validation(m)
+            | ApiError::MalformedJson(m)
+            | ApiError::UnsupportedMediaType(m)
+            | ApiError::PayloadTooLarge(m)
+            | ApiError::ResponseTooLarge(m)
+            | ApiError::Unauthorized(m)
+            | ApiError::Overloaded(m)
+            | ApiError::NotReady(m)
+            | ApiError::Generation(m)
+            | ApiError::NotFound(m)
+            | ApiError::Internal(m) => m,
         }
     }
 

@@ -88,7 +88,7 @@ pub async fn bind(config: &ServerConfig) -> std::io::Result<TcpListener> {
 }
 
 /// Serves until `shutdown` resolves, then drains: health turns 503, new requests are
-/// refused, and in-flight ones finish. Startup (tokenizer, shards, warmup) runs in the
+/// refused, and in-flight ones finish (for at most `--graceful-termination-timeout`). Startup (tokenizer, shards, warmup) runs in the
 /// background; if it fails the server stops with its error.
 pub async fn run(
     args: RouterArgs,
@@ -106,21 +106,23 @@ pub async fn run(
         }
     });
     let drain_state = state.clone();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<Option<anyhow::Error>>();
-    tokio::spawn(async move {
+    let stopping = async move {
         let outcome = tokio::select! {
             _ = shutdown => None,
             Ok(e) = failed_rx => Some(e),
         };
+        // Keep the port open while in-flight requests finish: probes see 503 and new
+        // requests are refused with 503, instead of connections being refused.
         drain_state.set_health(Health::Draining);
-        let _ = stop_tx.send(outcome);
-    });
+        if outcome.is_none() {
+            drain_state.wait_idle().await;
+        }
+        outcome
+    };
     let (err_tx, err_rx) = tokio::sync::oneshot::channel();
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            if let Ok(outcome) = stop_rx.await {
-                let _ = err_tx.send(outcome);
-            }
+            let _ = err_tx.send(stopping.await);
         })
         .await?;
     match err_rx.await {

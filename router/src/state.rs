@@ -157,6 +157,19 @@ impl AppState {
         self.ready.get().map(|r| &r.info)
     }
 
+    /// Waits until no request is in flight, or the drain timeout passed.
+    pub async fn wait_idle(&self) {
+        let deadline = tokio::time::Instant::now() + self.config.drain_timeout;
+        let all = self.config.max_concurrent_requests;
+        while self.limiter.available_permits() < all && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let left = all - self.limiter.available_permits();
+        if left > 0 {
+            tracing::warn!(in_flight = left, "drain timeout: stopping with requests still in flight");
+        }
+    }
+
     /// A slot for `n` concurrent generations, or 429.
     pub fn permit(&self, n: u32) -> Result<OwnedSemaphorePermit, ApiError> {
         let max = self.config.max_concurrent_requests;

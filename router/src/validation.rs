@@ -96,17 +96,18 @@ impl Validator {
         // Cheap checks first, so a bad parameter is not preceded by tokenizing 2 MB.
         check_parameters(params, &self.limits)?;
         let ids = self.tokenize(inputs, add_special_tokens).await?;
-        self.validate_ids(ids, params)
+        self.build(ids, params)
     }
 
     /// Validates `params` for an already tokenized prompt.
-    pub fn validate_ids(
-        &self,
-        mut ids: Vec<u32>,
-        params: &GenerateParameters,
-    ) -> Result<ValidGenerate, ApiError> {
+    pub fn validate_ids(&self, ids: Vec<u32>, params: &GenerateParameters) -> Result<ValidGenerate, ApiError> {
+        check_parameters(params, &self.limits)?;
+        self.build(ids, params)
+    }
+
+    /// The checks that need the prompt's tokens, and the request they make.
+    fn build(&self, mut ids: Vec<u32>, params: &GenerateParameters) -> Result<ValidGenerate, ApiError> {
         let l = &self.limits;
-        check_parameters(params, l)?;
         if let Some(truncate) = params.truncate {
             let keep = truncate as usize;
             if ids.len() > keep {
