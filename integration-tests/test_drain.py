@@ -44,5 +44,7 @@ def test_sigterm_lets_running_streams_finish(launch):
         assert events, f"stream {i} got nothing"
         last = events[-1]
         assert "error" not in last, f"stream {i} was cut: {last}"
-        assert last["details"]["generated_tokens"] == 64, last
+        details = last["details"]
+        assert details["finish_reason"] in ("length", "eos_token"), last
+        assert details["generated_tokens"] == len(events), last
     assert router.wait(30) == 0
