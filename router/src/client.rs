@@ -36,7 +36,10 @@ impl ClientError {
             ClientError::Connect { .. } | ClientError::NoShard => true,
             ClientError::Status { code, .. } => matches!(
                 code,
-                tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+                tonic::Code::Unavailable
+                    | tonic::Code::Unknown
+                    | tonic::Code::Cancelled
+                    | tonic::Code::DeadlineExceeded
             ),
         }
     }

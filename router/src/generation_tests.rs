@@ -71,7 +71,10 @@ fn stop_split_across_tokens_is_found_and_never_shown() {
         }
     }
     assert!(t.stopped());
-    assert!(pushed < ids.len(), "generation must end at the stop, not at the end");
+    assert!(
+        pushed < ids.len(),
+        "generation must end at the stop, not at the end"
+    );
     shown += &t.flush();
     assert_eq!(shown, " Hel");
     assert_eq!(t.text_before_stop(), " Hel");

@@ -83,9 +83,11 @@ impl HealthCell {
 
     pub fn set(&self, health: Health) {
         // Draining is final: a shard coming back must not undo it.
-        let _ = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
-            (now != Health::Draining as u8).then_some(health as u8)
-        });
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                (now != Health::Draining as u8).then_some(health as u8)
+            });
     }
 }
 
@@ -166,7 +168,10 @@ impl AppState {
         }
         let left = all - self.limiter.available_permits();
         if left > 0 {
-            tracing::warn!(in_flight = left, "drain timeout: stopping with requests still in flight");
+            tracing::warn!(
+                in_flight = left,
+                "drain timeout: stopping with requests still in flight"
+            );
         }
     }
 

@@ -100,13 +100,21 @@ impl Validator {
     }
 
     /// Validates `params` for an already tokenized prompt.
-    pub fn validate_ids(&self, ids: Vec<u32>, params: &GenerateParameters) -> Result<ValidGenerate, ApiError> {
+    pub fn validate_ids(
+        &self,
+        ids: Vec<u32>,
+        params: &GenerateParameters,
+    ) -> Result<ValidGenerate, ApiError> {
         check_parameters(params, &self.limits)?;
         self.build(ids, params)
     }
 
     /// The checks that need the prompt's tokens, and the request they make.
-    fn build(&self, mut ids: Vec<u32>, params: &GenerateParameters) -> Result<ValidGenerate, ApiError> {
+    fn build(
+        &self,
+        mut ids: Vec<u32>,
+        params: &GenerateParameters,
+    ) -> Result<ValidGenerate, ApiError> {
         let l = &self.limits;
         if let Some(truncate) = params.truncate {
             let keep = truncate as usize;

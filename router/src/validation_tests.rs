@@ -99,7 +99,10 @@ fn max_new_tokens_range() {
             max_new_tokens: Some(bad),
             ..Default::default()
         });
-        assert!(e.contains("`max_new_tokens`") && e.contains(&bad.to_string()), "{e}");
+        assert!(
+            e.contains("`max_new_tokens`") && e.contains(&bad.to_string()),
+            "{e}"
+        );
     }
 }
 
@@ -110,13 +113,22 @@ fn prompt_plus_new_tokens_within_total_names_both_numbers() {
         max_new_tokens: Some(118),
         ..Default::default()
     };
-    assert_eq!(v.validate_ids(ids(10), &fits).unwrap().request.max_new_tokens, 118);
+    assert_eq!(
+        v.validate_ids(ids(10), &fits)
+            .unwrap()
+            .request
+            .max_new_tokens,
+        118
+    );
     let over = GenerateParameters {
         max_new_tokens: Some(119),
         ..Default::default()
     };
     let e = rejected(v.validate_ids(ids(10), &over));
-    assert!(e.contains("Given: 10") && e.contains("119") && e.contains("128"), "{e}");
+    assert!(
+        e.contains("Given: 10") && e.contains("119") && e.contains("128"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -152,9 +164,27 @@ fn top_p_one_is_off_and_above_one_is_refused() {
     });
     assert_eq!(off.request.sampling, Sampling::Greedy);
     for (name, p) in [
-        ("top_p", GenerateParameters { top_p: Some(1.5), ..params() }),
-        ("top_p", GenerateParameters { top_p: Some(0.0), ..params() }),
-        ("typical_p", GenerateParameters { typical_p: Some(1.5), ..params() }),
+        (
+            "top_p",
+            GenerateParameters {
+                top_p: Some(1.5),
+                ..params()
+            },
+        ),
+        (
+            "top_p",
+            GenerateParameters {
+                top_p: Some(0.0),
+                ..params()
+            },
+        ),
+        (
+            "typical_p",
+            GenerateParameters {
+                typical_p: Some(1.5),
+                ..params()
+            },
+        ),
     ] {
         assert!(err_with(p).contains(&format!("`{name}`")));
     }
@@ -162,26 +192,45 @@ fn top_p_one_is_off_and_above_one_is_refused() {
 
 #[test]
 fn top_k_and_penalties() {
-    assert!(err_with(GenerateParameters { top_k: Some(0), ..params() }).contains("`top_k`"));
-    assert!(err_with(GenerateParameters { repetition_penalty: Some(0.0), ..params() })
-        .contains("`repetition_penalty`"));
+    assert!(err_with(GenerateParameters {
+        top_k: Some(0),
+        ..params()
+    })
+    .contains("`top_k`"));
+    assert!(err_with(GenerateParameters {
+        repetition_penalty: Some(0.0),
+        ..params()
+    })
+    .contains("`repetition_penalty`"));
     for x in [2.1, -2.1] {
         let e = err_with(GenerateParameters {
             frequency_penalty: Some(x),
             ..params()
         });
-        assert!(e.contains("`frequency_penalty`") && e.contains(&x.to_string()), "{e}");
+        assert!(
+            e.contains("`frequency_penalty`") && e.contains(&x.to_string()),
+            "{e}"
+        );
     }
-    let edge = ok_with(GenerateParameters { frequency_penalty: Some(-2.0), ..params() });
+    let edge = ok_with(GenerateParameters {
+        frequency_penalty: Some(-2.0),
+        ..params()
+    });
     assert_eq!(edge.request.frequency_penalty, Some(-2.0));
     // 0 is "no penalty": the shard must not be asked to apply one.
-    let zero = ok_with(GenerateParameters { frequency_penalty: Some(0.0), ..params() });
+    let zero = ok_with(GenerateParameters {
+        frequency_penalty: Some(0.0),
+        ..params()
+    });
     assert_eq!(zero.request.frequency_penalty, None);
 }
 
 #[test]
 fn stop_sequences() {
-    let stop = |v: Vec<String>| GenerateParameters { stop: v, ..params() };
+    let stop = |v: Vec<String>| GenerateParameters {
+        stop: v,
+        ..params()
+    };
     let four: Vec<String> = (0..4).map(|i| format!("s{i}")).collect();
     assert_eq!(ok_with(stop(four.clone())).stop, four);
     let mut five = four;
@@ -197,31 +246,63 @@ fn stop_sequences() {
 #[test]
 fn truncate_keeps_the_last_tokens() {
     let v = validator_with(limits());
-    let p = GenerateParameters { truncate: Some(3), ..params() };
-    assert_eq!(v.validate_ids(ids(10), &p).unwrap().request.input_ids, vec![8, 9, 10]);
+    let p = GenerateParameters {
+        truncate: Some(3),
+        ..params()
+    };
+    assert_eq!(
+        v.validate_ids(ids(10), &p).unwrap().request.input_ids,
+        vec![8, 9, 10]
+    );
     // A truncated prompt is measured after truncation, so a long one is accepted.
-    assert_eq!(v.validate_ids(ids(500), &p).unwrap().request.input_ids, vec![498, 499, 500]);
+    assert_eq!(
+        v.validate_ids(ids(500), &p).unwrap().request.input_ids,
+        vec![498, 499, 500]
+    );
     for bad in [0, MAX_INPUT as i64 + 1] {
-        assert!(err_with(GenerateParameters { truncate: Some(bad), ..params() }).contains("`truncate`"));
+        assert!(err_with(GenerateParameters {
+            truncate: Some(bad),
+            ..params()
+        })
+        .contains("`truncate`"));
     }
 }
 
 #[test]
 fn top_n_tokens_limit() {
-    let five = ok_with(GenerateParameters { top_n_tokens: Some(5), ..params() });
+    let five = ok_with(GenerateParameters {
+        top_n_tokens: Some(5),
+        ..params()
+    });
     assert_eq!(five.request.scores.top_n, 5);
-    let e = err_with(GenerateParameters { top_n_tokens: Some(6), ..params() });
+    let e = err_with(GenerateParameters {
+        top_n_tokens: Some(6),
+        ..params()
+    });
     assert!(e.contains("--max-top-n-tokens") && e.contains('6'), "{e}");
 }
 
 #[test]
 fn best_of_needs_sampling_and_no_seed() {
-    let best = |p: GenerateParameters| GenerateParameters { best_of: Some(2), ..p };
+    let best = |p: GenerateParameters| GenerateParameters {
+        best_of: Some(2),
+        ..p
+    };
     assert!(err_with(best(params())).contains("needs sampling"));
-    let sampled = GenerateParameters { do_sample: true, ..params() };
-    assert!(err_with(best(GenerateParameters { seed: Some(1), ..sampled.clone() })).contains("`seed`"));
+    let sampled = GenerateParameters {
+        do_sample: true,
+        ..params()
+    };
+    assert!(err_with(best(GenerateParameters {
+        seed: Some(1),
+        ..sampled.clone()
+    }))
+    .contains("`seed`"));
     assert_eq!(ok_with(best(sampled.clone())).best_of, 2);
-    let three = GenerateParameters { best_of: Some(3), ..sampled };
+    let three = GenerateParameters {
+        best_of: Some(3),
+        ..sampled
+    };
     assert!(err_with(three).contains("--max-best-of"));
 }
 
@@ -231,19 +312,28 @@ fn prompt_logprobs_need_the_flag() {
         enable_prefill_logprobs: false,
         ..limits()
     });
-    let p = GenerateParameters { decoder_input_details: true, ..params() };
+    let p = GenerateParameters {
+        decoder_input_details: true,
+        ..params()
+    };
     assert!(rejected(v.validate_ids(ids(3), &p)).contains("--enable-prefill-logprobs"));
 }
 
 #[test]
 fn label_ids_must_be_in_the_vocabulary() {
     let vocab = tokenizer().vocab_size() as i64;
-    let labels = |v: Vec<i64>| GenerateParameters { logprob_token_ids: v, ..params() };
+    let labels = |v: Vec<i64>| GenerateParameters {
+        logprob_token_ids: v,
+        ..params()
+    };
     let last = ok_with(labels(vec![0, vocab - 1]));
     assert_eq!(last.request.scores.label_ids, vec![0, vocab as u32 - 1]);
     for bad in [vocab, -1] {
         let e = err_with(labels(vec![5, bad]));
-        assert!(e.contains(&bad.to_string()) && e.contains("outside the vocabulary"), "{e}");
+        assert!(
+            e.contains(&bad.to_string()) && e.contains("outside the vocabulary"),
+            "{e}"
+        );
     }
     assert!(err_with(labels((0..9).collect())).contains("at most 8 ids"));
 }
@@ -252,7 +342,13 @@ fn label_ids_must_be_in_the_vocabulary() {
 fn default_max_new_tokens_is_capped_by_the_room_left() {
     let v = validator_with(limits());
     let none = GenerateParameters::default();
-    assert_eq!(v.validate_ids(ids(10), &none).unwrap().request.max_new_tokens, DEFAULT_NEW);
+    assert_eq!(
+        v.validate_ids(ids(10), &none)
+            .unwrap()
+            .request
+            .max_new_tokens,
+        DEFAULT_NEW
+    );
     let capped = v.validate_ids(ids(MAX_INPUT), &none).unwrap();
     assert_eq!(capped.request.max_new_tokens, MAX_TOTAL - MAX_INPUT);
 }
@@ -266,7 +362,9 @@ fn default_max_new_tokens_fits_the_kv_budget() {
         max_batch_total_tokens: 40,
         ..limits()
     });
-    let valid = v.validate_ids(ids(10), &GenerateParameters::default()).unwrap();
+    let valid = v
+        .validate_ids(ids(10), &GenerateParameters::default())
+        .unwrap();
     assert_eq!(valid.request.max_new_tokens, 30);
 }
 
@@ -274,18 +372,40 @@ fn default_max_new_tokens_fits_the_kv_budget() {
 fn sampling_turns_on_only_for_sampling_parameters() {
     let greedy = [
         params(),
-        GenerateParameters { temperature: Some(1.0), ..params() },
-        GenerateParameters { top_p: Some(1.0), typical_p: Some(1.0), ..params() },
+        GenerateParameters {
+            temperature: Some(1.0),
+            ..params()
+        },
+        GenerateParameters {
+            top_p: Some(1.0),
+            typical_p: Some(1.0),
+            ..params()
+        },
     ];
     for p in greedy {
         assert_eq!(sampling(&p), Sampling::Greedy, "{p:?}");
     }
     let sampled = [
-        GenerateParameters { do_sample: true, ..params() },
-        GenerateParameters { temperature: Some(0.7), ..params() },
-        GenerateParameters { top_k: Some(5), ..params() },
-        GenerateParameters { top_p: Some(0.9), ..params() },
-        GenerateParameters { typical_p: Some(0.9), ..params() },
+        GenerateParameters {
+            do_sample: true,
+            ..params()
+        },
+        GenerateParameters {
+            temperature: Some(0.7),
+            ..params()
+        },
+        GenerateParameters {
+            top_k: Some(5),
+            ..params()
+        },
+        GenerateParameters {
+            top_p: Some(0.9),
+            ..params()
+        },
+        GenerateParameters {
+            typical_p: Some(0.9),
+            ..params()
+        },
     ];
     for p in sampled {
         assert!(matches!(sampling(&p), Sampling::Sample { .. }), "{p:?}");
@@ -298,19 +418,38 @@ fn sampling_turns_on_only_for_sampling_parameters() {
     });
     assert_eq!(
         full,
-        Sampling::Sample { temperature: 1.0, top_k: Some(5), top_p: Some(0.9), typical_p: None, seed: 42 }
+        Sampling::Sample {
+            temperature: 1.0,
+            top_k: Some(5),
+            top_p: Some(0.9),
+            typical_p: None,
+            seed: 42
+        }
     );
 }
 
 #[test]
 fn unsupported_fields_are_named() {
-    let grammar = GenerateParameters { grammar: Some(serde_json::json!({"type": "json"})), ..params() };
+    let grammar = GenerateParameters {
+        grammar: Some(serde_json::json!({"type": "json"})),
+        ..params()
+    };
     assert!(err_with(grammar).contains("`grammar`"));
     // TGI clients send `grammar: null` on every call; that must pass.
     assert!(validator_with(limits())
-        .validate_ids(ids(3), &GenerateParameters { grammar: Some(serde_json::Value::Null), ..params() })
+        .validate_ids(
+            ids(3),
+            &GenerateParameters {
+                grammar: Some(serde_json::Value::Null),
+                ..params()
+            }
+        )
         .is_ok());
-    assert!(err_with(GenerateParameters { adapter_id: Some("a".into()), ..params() }).contains("`adapter_id`"));
+    assert!(err_with(GenerateParameters {
+        adapter_id: Some("a".into()),
+        ..params()
+    })
+    .contains("`adapter_id`"));
 }
 
 #[test]
@@ -330,9 +469,18 @@ fn scores_and_mode_are_carried() {
 #[tokio::test]
 async fn validate_tokenizes_with_special_tokens_as_asked() {
     let v = validator_with(limits());
-    let valid = v.validate("Hello world".into(), &params(), true).await.unwrap();
-    assert_eq!(valid.request.input_ids, tokenizer().encode("Hello world", true).unwrap());
+    let valid = v
+        .validate("Hello world".into(), &params(), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        valid.request.input_ids,
+        tokenizer().encode("Hello world", true).unwrap()
+    );
     // A bad parameter is reported before any tokenizing.
-    let bad = GenerateParameters { top_k: Some(0), ..params() };
+    let bad = GenerateParameters {
+        top_k: Some(0),
+        ..params()
+    };
     assert!(rejected(v.validate("x".into(), &bad, true).await).contains("`top_k`"));
 }

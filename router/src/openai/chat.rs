@@ -15,7 +15,7 @@ use super::types::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs, ChatMessage, ChatRequest,
     ChatResponse, ChatTokenLogprob, TopLogprob, Usage,
 };
-use super::{choice_request, finish_reason, new_id, now, Shared};
+use super::{choice_request, finish_reason, new_id, now, openai_names, Shared};
 use crate::error::{ApiError, ErrorBody};
 use crate::generation::{collect, json_logprob, steps, TextTracker};
 use crate::infer::TokenScore;
@@ -106,7 +106,11 @@ async fn prepare(ready: &Ready, req: ChatRequest) -> Result<Prepared, ApiError> 
     params.details = req.logprobs;
     params.top_n_tokens = (top > 0).then_some(top);
     // The template writes the special tokens (BOS included) itself.
-    let valid = ready.validator.validate(prompt, &params, false).await?;
+    let valid = ready
+        .validator
+        .validate(prompt, &params, false)
+        .await
+        .map_err(|e| openai_names(e, "messages", "top_logprobs"))?;
     Ok(Prepared {
         valid,
         n,

@@ -13,7 +13,7 @@ use sonde_tokenizer::ModelTokenizer;
 use super::types::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage,
 };
-use super::{choice_request, finish_reason, new_id, now, Shared};
+use super::{choice_request, finish_reason, new_id, now, openai_names, Shared};
 use crate::error::{ApiError, ErrorBody};
 use crate::generation::{collect, json_logprob, steps, TextTracker};
 use crate::infer::TokenScore;
@@ -130,13 +130,15 @@ async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Prepared, ApiE
             .validator
             .validate(prompt.clone(), &params, true)
             .await;
-        let v = v.map_err(|e| {
-            if multi {
-                e.context(&format!("prompt[{i}]"))
-            } else {
-                e
-            }
-        })?;
+        let v = v
+            .map_err(|e| openai_names(e, "prompt", "logprobs"))
+            .map_err(|e| {
+                if multi {
+                    e.context(&format!("prompt[{i}]"))
+                } else {
+                    e
+                }
+            })?;
         valid.push((prompt, v));
     }
     Ok(Prepared {
@@ -286,8 +288,8 @@ fn stream(
     let mut failed = false;
     let mut offsets = std::collections::HashMap::new();
     let final_chunk = chunk.clone();
-    let events =
-        futures::stream::select_all(choice_streams).filter_map(move |(index, prompt_chars, echo, step)| {
+    let events = futures::stream::select_all(choice_streams).filter_map(
+        move |(index, prompt_chars, echo, step)| {
             let _held = &permit;
             let event = match step {
                 // One error event is enough; the other choices of the request failed alike.
@@ -305,7 +307,13 @@ fn stream(
                     let offset = offsets.entry(index).or_insert(prompt_chars);
                     let logprobs = logprobs.map(|k| {
                         let mut lp = CompletionLogprobs::default();
-                        *offset = append(&mut lp, &tokenizer, std::slice::from_ref(&step.token), k, *offset);
+                        *offset = append(
+                            &mut lp,
+                            &tokenizer,
+                            std::slice::from_ref(&step.token),
+                            k,
+                            *offset,
+                        );
                         lp
                     });
                     let finish = step.last.as_ref().map(|l| finish_reason(l.finish));
@@ -321,7 +329,8 @@ fn stream(
                 }
             };
             futures::future::ready(event)
-        });
+        },
+    );
     let tail = futures::stream::once(async move {
         let mut tail = Vec::new();
         if include_usage {

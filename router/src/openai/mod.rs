@@ -88,6 +88,19 @@ impl Shared {
     }
 }
 
+/// Validation speaks TGI's field names; an OpenAI client should read its own.
+pub(crate) fn openai_names(error: ApiError, prompt_field: &str, top_field: &str) -> ApiError {
+    match error {
+        ApiError::Validation(m) => ApiError::Validation(
+            m.replace("`max_new_tokens`", "`max_tokens`")
+                .replace("`inputs`", &format!("`{prompt_field}`"))
+                .replace("`top_n_tokens`", &format!("`{top_field}`"))
+                .replace("`decoder_input_details`", "`echo` with `logprobs`"),
+        ),
+        other => other,
+    }
+}
+
 /// Choice `i` of a request: sampled choices get distinct seeds derived from the request's.
 pub(crate) fn choice_request(request: &ValidRequest, i: u32) -> ValidRequest {
     let mut request = request.clone();
