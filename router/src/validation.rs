@@ -135,7 +135,10 @@ impl Validator {
         }
         let room = l.max_total_tokens.saturating_sub(input_len);
         let max_new_tokens = match params.max_new_tokens {
-            None => l.default_max_new_tokens.min(room),
+            None => {
+                let kv_room = l.max_batch_total_tokens.saturating_sub(input_len);
+                l.default_max_new_tokens.min(room).min(kv_room)
+            }
             Some(n) => n as u32,
         };
         if input_len + max_new_tokens > l.max_total_tokens {

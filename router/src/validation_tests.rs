@@ -61,6 +61,13 @@ fn params() -> GenerateParameters {
     }
 }
 
+/// `params()` with some fields changed, one case per line.
+macro_rules! with {
+    ($($field:ident: $value:expr),* $(,)?) => {
+        GenerateParameters { $($field: $value,)* ..params() }
+    };
+}
+
 fn ok_with(p: GenerateParameters) -> ValidGenerate {
     validator_with(limits()).validate_ids(ids(10), &p).unwrap()
 }
@@ -79,15 +86,8 @@ fn err_with(p: GenerateParameters) -> String {
 
 #[test]
 fn max_new_tokens_zero_is_only_for_pure_scoring() {
-    let zero = GenerateParameters {
-        max_new_tokens: Some(0),
-        ..Default::default()
-    };
-    assert!(err_with(zero.clone()).contains("`max_new_tokens` is 0"));
-    let scoring = ok_with(GenerateParameters {
-        decoder_input_details: true,
-        ..zero
-    });
+    assert!(err_with(with!(max_new_tokens: Some(0))).contains("`max_new_tokens` is 0"));
+    let scoring = ok_with(with!(max_new_tokens: Some(0), decoder_input_details: true));
     assert_eq!(scoring.request.max_new_tokens, 0);
     assert!(scoring.request.scores.prefill_logprobs);
 }
@@ -95,10 +95,7 @@ fn max_new_tokens_zero_is_only_for_pure_scoring() {
 #[test]
 fn max_new_tokens_range() {
     for bad in [-1, MAX_TOTAL as i64 + 1] {
-        let e = err_with(GenerateParameters {
-            max_new_tokens: Some(bad),
-            ..Default::default()
-        });
+        let e = err_with(with!(max_new_tokens: Some(bad)));
         assert!(
             e.contains("`max_new_tokens`") && e.contains(&bad.to_string()),
             "{e}"
@@ -109,22 +106,9 @@ fn max_new_tokens_range() {
 #[test]
 fn prompt_plus_new_tokens_within_total_names_both_numbers() {
     let v = validator_with(limits());
-    let fits = GenerateParameters {
-        max_new_tokens: Some(118),
-        ..Default::default()
-    };
-    assert_eq!(
-        v.validate_ids(ids(10), &fits)
-            .unwrap()
-            .request
-            .max_new_tokens,
-        118
-    );
-    let over = GenerateParameters {
-        max_new_tokens: Some(119),
-        ..Default::default()
-    };
-    let e = rejected(v.validate_ids(ids(10), &over));
+    let fits = v.validate_ids(ids(10), &with!(max_new_tokens: Some(118)));
+    assert_eq!(fits.unwrap().request.max_new_tokens, 118);
+    let e = rejected(v.validate_ids(ids(10), &with!(max_new_tokens: Some(119))));
     assert!(
         e.contains("Given: 10") && e.contains("119") && e.contains("128"),
         "{e}"
@@ -141,50 +125,41 @@ fn prompt_length_limits() {
 }
 
 #[test]
+fn the_kv_budget_bounds_a_request() {
+    let v = validator_with(ValidationLimits {
+        max_batch_total_tokens: 40,
+        ..limits()
+    });
+    assert!(v
+        .validate_ids(ids(10), &with!(max_new_tokens: Some(30)))
+        .is_ok());
+    let e = rejected(v.validate_ids(ids(10), &with!(max_new_tokens: Some(31))));
+    assert!(
+        e.contains("--max-batch-total-tokens") && e.contains("10 + 31"),
+        "{e}"
+    );
+}
+
+#[test]
 fn temperature_must_be_finite_and_positive() {
     for t in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-        let e = err_with(GenerateParameters {
-            temperature: Some(t),
-            ..params()
-        });
+        let e = err_with(with!(temperature: Some(t)));
         assert!(e.contains("`temperature`"), "{t}: {e}");
     }
     assert!(matches!(
-        ok_with(GenerateParameters { temperature: Some(0.01), ..params() }).request.sampling,
+        ok_with(with!(temperature: Some(0.01))).request.sampling,
         Sampling::Sample { temperature, .. } if (temperature - 0.01).abs() < 1e-6
     ));
 }
 
 #[test]
 fn top_p_one_is_off_and_above_one_is_refused() {
-    let off = ok_with(GenerateParameters {
-        top_p: Some(1.0),
-        typical_p: Some(1.0),
-        ..params()
-    });
+    let off = ok_with(with!(top_p: Some(1.0), typical_p: Some(1.0)));
     assert_eq!(off.request.sampling, Sampling::Greedy);
     for (name, p) in [
-        (
-            "top_p",
-            GenerateParameters {
-                top_p: Some(1.5),
-                ..params()
-            },
-        ),
-        (
-            "top_p",
-            GenerateParameters {
-                top_p: Some(0.0),
-                ..params()
-            },
-        ),
-        (
-            "typical_p",
-            GenerateParameters {
-                typical_p: Some(1.5),
-                ..params()
-            },
-        ),
+        ("top_p", with!(top_p: Some(1.5))),
+        ("top_p", with!(top_p: Some(0.0))),
+        ("typical_p", with!(typical_p: Some(1.5))),
     ] {
         assert!(err_with(p).contains(&format!("`{name}`")));
     }
@@ -192,117 +167,73 @@ fn top_p_one_is_off_and_above_one_is_refused() {
 
 #[test]
 fn top_k_and_penalties() {
-    assert!(err_with(GenerateParameters {
-        top_k: Some(0),
-        ..params()
-    })
-    .contains("`top_k`"));
-    assert!(err_with(GenerateParameters {
-        repetition_penalty: Some(0.0),
-        ..params()
-    })
-    .contains("`repetition_penalty`"));
+    assert!(err_with(with!(top_k: Some(0))).contains("`top_k`"));
+    let e = err_with(with!(repetition_penalty: Some(0.0)));
+    assert!(e.contains("`repetition_penalty`"), "{e}");
     for x in [2.1, -2.1] {
-        let e = err_with(GenerateParameters {
-            frequency_penalty: Some(x),
-            ..params()
-        });
+        let e = err_with(with!(frequency_penalty: Some(x)));
         assert!(
             e.contains("`frequency_penalty`") && e.contains(&x.to_string()),
             "{e}"
         );
     }
-    let edge = ok_with(GenerateParameters {
-        frequency_penalty: Some(-2.0),
-        ..params()
-    });
+    let edge = ok_with(with!(frequency_penalty: Some(-2.0)));
     assert_eq!(edge.request.frequency_penalty, Some(-2.0));
     // 0 is "no penalty": the shard must not be asked to apply one.
-    let zero = ok_with(GenerateParameters {
-        frequency_penalty: Some(0.0),
-        ..params()
-    });
+    let zero = ok_with(with!(frequency_penalty: Some(0.0)));
     assert_eq!(zero.request.frequency_penalty, None);
 }
 
 #[test]
 fn stop_sequences() {
-    let stop = |v: Vec<String>| GenerateParameters {
-        stop: v,
-        ..params()
-    };
     let four: Vec<String> = (0..4).map(|i| format!("s{i}")).collect();
-    assert_eq!(ok_with(stop(four.clone())).stop, four);
+    assert_eq!(ok_with(with!(stop: four.clone())).stop, four);
     let mut five = four;
     five.push("s4".into());
-    assert!(err_with(stop(five)).contains("--max-stop-sequences"));
-    assert!(err_with(stop(vec!["a".into(), String::new()])).contains("`stop[1]` must not be empty"));
+    assert!(err_with(with!(stop: five)).contains("--max-stop-sequences"));
+    let e = err_with(with!(stop: vec!["a".into(), String::new()]));
+    assert!(e.contains("`stop[1]` must not be empty"), "{e}");
     let longest = "x".repeat(MAX_STOP_SEQUENCE_BYTES);
-    assert!(ok_with(stop(vec![longest.clone()])).stop.len() == 1);
-    let e = err_with(stop(vec![format!("{longest}x")]));
+    assert_eq!(ok_with(with!(stop: vec![longest.clone()])).stop.len(), 1);
+    let e = err_with(with!(stop: vec![format!("{longest}x")]));
     assert!(e.contains("`stop[0]`") && e.contains("1025"), "{e}");
 }
 
 #[test]
 fn truncate_keeps_the_last_tokens() {
     let v = validator_with(limits());
-    let p = GenerateParameters {
-        truncate: Some(3),
-        ..params()
-    };
+    let p = with!(truncate: Some(3));
     assert_eq!(
         v.validate_ids(ids(10), &p).unwrap().request.input_ids,
-        vec![8, 9, 10]
+        [8, 9, 10]
     );
-    // A truncated prompt is measured after truncation, so a long one is accepted.
+    // A prompt is measured after truncation, so a long one is accepted.
     assert_eq!(
         v.validate_ids(ids(500), &p).unwrap().request.input_ids,
-        vec![498, 499, 500]
+        [498, 499, 500]
     );
     for bad in [0, MAX_INPUT as i64 + 1] {
-        assert!(err_with(GenerateParameters {
-            truncate: Some(bad),
-            ..params()
-        })
-        .contains("`truncate`"));
+        assert!(err_with(with!(truncate: Some(bad))).contains("`truncate`"));
     }
 }
 
 #[test]
 fn top_n_tokens_limit() {
-    let five = ok_with(GenerateParameters {
-        top_n_tokens: Some(5),
-        ..params()
-    });
-    assert_eq!(five.request.scores.top_n, 5);
-    let e = err_with(GenerateParameters {
-        top_n_tokens: Some(6),
-        ..params()
-    });
+    assert_eq!(
+        ok_with(with!(top_n_tokens: Some(5))).request.scores.top_n,
+        5
+    );
+    let e = err_with(with!(top_n_tokens: Some(6)));
     assert!(e.contains("--max-top-n-tokens") && e.contains('6'), "{e}");
 }
 
 #[test]
 fn best_of_needs_sampling_and_no_seed() {
-    let best = |p: GenerateParameters| GenerateParameters {
-        best_of: Some(2),
-        ..p
-    };
-    assert!(err_with(best(params())).contains("needs sampling"));
-    let sampled = GenerateParameters {
-        do_sample: true,
-        ..params()
-    };
-    assert!(err_with(best(GenerateParameters {
-        seed: Some(1),
-        ..sampled.clone()
-    }))
-    .contains("`seed`"));
-    assert_eq!(ok_with(best(sampled.clone())).best_of, 2);
-    let three = GenerateParameters {
-        best_of: Some(3),
-        ..sampled
-    };
+    assert!(err_with(with!(best_of: Some(2))).contains("needs sampling"));
+    let seeded = with!(best_of: Some(2), do_sample: true, seed: Some(1));
+    assert!(err_with(seeded).contains("`seed`"));
+    assert_eq!(ok_with(with!(best_of: Some(2), do_sample: true)).best_of, 2);
+    let three = with!(best_of: Some(3), do_sample: true);
     assert!(err_with(three).contains("--max-best-of"));
 }
 
@@ -312,154 +243,92 @@ fn prompt_logprobs_need_the_flag() {
         enable_prefill_logprobs: false,
         ..limits()
     });
-    let p = GenerateParameters {
-        decoder_input_details: true,
-        ..params()
-    };
+    let p = with!(decoder_input_details: true);
     assert!(rejected(v.validate_ids(ids(3), &p)).contains("--enable-prefill-logprobs"));
 }
 
 #[test]
 fn label_ids_must_be_in_the_vocabulary() {
     let vocab = tokenizer().vocab_size() as i64;
-    let labels = |v: Vec<i64>| GenerateParameters {
-        logprob_token_ids: v,
-        ..params()
-    };
-    let last = ok_with(labels(vec![0, vocab - 1]));
-    assert_eq!(last.request.scores.label_ids, vec![0, vocab as u32 - 1]);
+    let last = ok_with(with!(logprob_token_ids: vec![0, vocab - 1]));
+    assert_eq!(last.request.scores.label_ids, [0, vocab as u32 - 1]);
     for bad in [vocab, -1] {
-        let e = err_with(labels(vec![5, bad]));
+        let e = err_with(with!(logprob_token_ids: vec![5, bad]));
         assert!(
             e.contains(&bad.to_string()) && e.contains("outside the vocabulary"),
             "{e}"
         );
     }
-    assert!(err_with(labels((0..9).collect())).contains("at most 8 ids"));
+    let nine = with!(logprob_token_ids: (0..9).collect());
+    assert!(err_with(nine).contains("at most 8 ids"));
 }
 
 #[test]
 fn default_max_new_tokens_is_capped_by_the_room_left() {
     let v = validator_with(limits());
     let none = GenerateParameters::default();
-    assert_eq!(
-        v.validate_ids(ids(10), &none)
-            .unwrap()
-            .request
-            .max_new_tokens,
-        DEFAULT_NEW
-    );
+    let short = v.validate_ids(ids(10), &none).unwrap();
+    assert_eq!(short.request.max_new_tokens, DEFAULT_NEW);
     let capped = v.validate_ids(ids(MAX_INPUT), &none).unwrap();
     assert_eq!(capped.request.max_new_tokens, MAX_TOTAL - MAX_INPUT);
 }
 
-/// A request that sets no `max_new_tokens` should not be refused for the default the
-/// server picked: the default ought to be capped by the KV budget as it is by the context.
+/// A request that sets no `max_new_tokens` is not refused for the default the server
+/// picked: the default is capped by the KV budget as it is by the context.
 #[test]
-#[ignore = "bug: default max_new_tokens ignores max_batch_total_tokens (see report)"]
 fn default_max_new_tokens_fits_the_kv_budget() {
     let v = validator_with(ValidationLimits {
         max_batch_total_tokens: 40,
         ..limits()
     });
-    let valid = v
-        .validate_ids(ids(10), &GenerateParameters::default())
-        .unwrap();
-    assert_eq!(valid.request.max_new_tokens, 30);
+    let valid = v.validate_ids(ids(10), &GenerateParameters::default());
+    assert_eq!(valid.unwrap().request.max_new_tokens, 30);
 }
 
 #[test]
 fn sampling_turns_on_only_for_sampling_parameters() {
     let greedy = [
         params(),
-        GenerateParameters {
-            temperature: Some(1.0),
-            ..params()
-        },
-        GenerateParameters {
-            top_p: Some(1.0),
-            typical_p: Some(1.0),
-            ..params()
-        },
+        with!(temperature: Some(1.0)),
+        with!(top_p: Some(1.0), typical_p: Some(1.0)),
     ];
     for p in greedy {
         assert_eq!(sampling(&p), Sampling::Greedy, "{p:?}");
     }
     let sampled = [
-        GenerateParameters {
-            do_sample: true,
-            ..params()
-        },
-        GenerateParameters {
-            temperature: Some(0.7),
-            ..params()
-        },
-        GenerateParameters {
-            top_k: Some(5),
-            ..params()
-        },
-        GenerateParameters {
-            top_p: Some(0.9),
-            ..params()
-        },
-        GenerateParameters {
-            typical_p: Some(0.9),
-            ..params()
-        },
+        with!(do_sample: true),
+        with!(temperature: Some(0.7)),
+        with!(top_k: Some(5)),
+        with!(top_p: Some(0.9)),
+        with!(typical_p: Some(0.9)),
     ];
     for p in sampled {
         assert!(matches!(sampling(&p), Sampling::Sample { .. }), "{p:?}");
     }
-    let full = sampling(&GenerateParameters {
+    let full = sampling(&with!(top_k: Some(5), top_p: Some(0.9), seed: Some(42)));
+    let want = Sampling::Sample {
+        temperature: 1.0,
         top_k: Some(5),
         top_p: Some(0.9),
-        seed: Some(42),
-        ..params()
-    });
-    assert_eq!(
-        full,
-        Sampling::Sample {
-            temperature: 1.0,
-            top_k: Some(5),
-            top_p: Some(0.9),
-            typical_p: None,
-            seed: 42
-        }
-    );
+        typical_p: None,
+        seed: 42,
+    };
+    assert_eq!(full, want);
 }
 
 #[test]
 fn unsupported_fields_are_named() {
-    let grammar = GenerateParameters {
-        grammar: Some(serde_json::json!({"type": "json"})),
-        ..params()
-    };
+    let grammar = with!(grammar: Some(serde_json::json!({"type": "json"})));
     assert!(err_with(grammar).contains("`grammar`"));
     // TGI clients send `grammar: null` on every call; that must pass.
-    assert!(validator_with(limits())
-        .validate_ids(
-            ids(3),
-            &GenerateParameters {
-                grammar: Some(serde_json::Value::Null),
-                ..params()
-            }
-        )
-        .is_ok());
-    assert!(err_with(GenerateParameters {
-        adapter_id: Some("a".into()),
-        ..params()
-    })
-    .contains("`adapter_id`"));
+    ok_with(with!(grammar: Some(serde_json::Value::Null)));
+    assert!(err_with(with!(adapter_id: Some("a".into()))).contains("`adapter_id`"));
 }
 
 #[test]
 fn scores_and_mode_are_carried() {
-    let v = ok_with(GenerateParameters {
-        return_logits: true,
-        logprobs_mode: Some(LogprobsModeParam::Processed),
-        details: true,
-        ..params()
-    });
+    let processed = Some(LogprobsModeParam::Processed);
+    let v = ok_with(with!(return_logits: true, logprobs_mode: processed, details: true));
     assert!(v.request.scores.return_logits && v.details && v.wants_scores());
     assert_eq!(v.request.scores.mode, LogprobsMode::Processed);
     assert_eq!(ok_with(params()).request.scores.mode, LogprobsMode::Raw);
@@ -469,18 +338,10 @@ fn scores_and_mode_are_carried() {
 #[tokio::test]
 async fn validate_tokenizes_with_special_tokens_as_asked() {
     let v = validator_with(limits());
-    let valid = v
-        .validate("Hello world".into(), &params(), true)
-        .await
-        .unwrap();
-    assert_eq!(
-        valid.request.input_ids,
-        tokenizer().encode("Hello world", true).unwrap()
-    );
+    let valid = v.validate("Hello world".into(), &params(), true).await;
+    let want = tokenizer().encode("Hello world", true).unwrap();
+    assert_eq!(valid.unwrap().request.input_ids, want);
     // A bad parameter is reported before any tokenizing.
-    let bad = GenerateParameters {
-        top_k: Some(0),
-        ..params()
-    };
+    let bad = with!(top_k: Some(0));
     assert!(rejected(v.validate("x".into(), &bad, true).await).contains("`top_k`"));
 }

@@ -147,9 +147,10 @@ mod tests {
         // Prefill budget 25 admits two prompts; the third would make 30.
         let batch = q.next_batch(budget(0, 25, 1000)).unwrap();
         assert_eq!(batch.len(), 2);
-        // Total budget 100 cannot hold the 110 tokens of the next one: FIFO blocks the 4th.
+        // Total budget 100 cannot hold the 110 tokens of the next one, and FIFO blocks the
+        // 4th behind it; 112 holds both.
         assert!(q.next_batch(budget(0, 100, 100)).is_none());
-        assert_eq!(q.next_batch(budget(0, 100, 111)).unwrap().len(), 2);
+        assert_eq!(q.next_batch(budget(0, 100, 112)).unwrap().len(), 2);
         assert!(q.is_empty());
     }
 

@@ -107,7 +107,9 @@ pub async fn generate(
         label_ids: &valid.request.scores.label_ids,
     };
     let text = full_text(valid, inputs, &generated.full_text);
-    if !valid.details && !valid.decoder_input_details {
+    // Any score asked for (top_n_tokens, labels, logits) brings `details`: computing
+    // scores and dropping them would be the silent kind of failure this server avoids.
+    if !valid.wants_scores() {
         return Ok(GenerateResponse {
             generated_text: text,
             details: None,

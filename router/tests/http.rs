@@ -1,0 +1,412 @@
+//! Every API through the real axum app, in process, over a scripted fake backend.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use common::*;
+use serde_json::{json, Value};
+use sonde_router::infer::Sampling;
+use sonde_router::state::AppState;
+use sonde_tokenizer::ChatInputs;
+
+fn ids_of(v: &Value) -> Vec<u64> {
+    let tokens = v.as_array().unwrap().iter();
+    tokens.map(|t| t["id"].as_u64().unwrap()).collect()
+}
+
+fn script_ids_u64(n: usize) -> Vec<u64> {
+    (0..n).map(|i| script_id(i) as u64).collect()
+}
+
+#[tokio::test]
+async fn not_ready_is_503_healthcheck_until_set_ready() {
+    let state = AppState::new(config());
+    let app = sonde_router::server::app(state.clone()).unwrap();
+    let (s, b) = call(&app, get("/health")).await;
+    assert_error(s, &b, StatusCode::SERVICE_UNAVAILABLE, "healthcheck");
+    let (s, b) = post_json(&app, "/generate", gen(json!({}))).await;
+    assert_error(s, &b, StatusCode::SERVICE_UNAVAILABLE, "healthcheck");
+    make_ready(&state, Arc::new(FakeBackend::default()));
+    assert_eq!(call(&app, get("/health")).await.0, StatusCode::OK);
+    let (s, b) = post_json(&app, "/generate", gen(json!({}))).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(call(&app, get("/info")).await.1["model_id"], "smollm2-test");
+}
+
+#[tokio::test]
+async fn generate_answers_text_and_the_scores_asked_for() {
+    let fake = FakeBackend::default();
+    let app = app(&fake);
+    let (s, b) = post_json(&app, "/generate", gen(json!({"max_new_tokens": 3}))).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(b, json!({"generated_text": script_text(3)}));
+
+    let params = json!({"max_new_tokens": 3, "details": true, "top_n_tokens": 2,
+        "decoder_input_details": true, "logprob_token_ids": [42, 7], "return_full_text": true});
+    let body = json!({"inputs": "Hi there", "parameters": params});
+    let (s, b) = post_json(&app, "/generate", body).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let prompt = tokenizer().encode("Hi there", true).unwrap();
+    assert_eq!(fake.last().input_ids, prompt);
+    assert_eq!(b["generated_text"], format!("Hi there{}", script_text(3)));
+    let d = &b["details"];
+    assert_eq!(d["finish_reason"], "length");
+    assert_eq!(d["generated_tokens"], 3);
+    assert_eq!(d["input_length"], prompt.len());
+    assert_eq!(ids_of(&d["tokens"]), script_ids_u64(3));
+    assert_eq!(d["tokens"][0]["logprob"], TOKEN_LOGPROB);
+    let labels = &d["tokens"][0]["label_logprobs"];
+    assert_eq!(labels[1]["id"], 7);
+    assert_eq!(labels[1]["logprob"], LABEL_LOGPROB);
+    let tops = d["top_tokens"].as_array().unwrap();
+    assert_eq!(tops.len(), 3);
+    assert!(tops.iter().all(|t| len(t) == 2));
+    assert_eq!(d["top_tokens"][1][0]["id"], script_id(1));
+    let prefill = &d["prefill"];
+    let prompt_ids: Vec<u64> = prompt.iter().map(|&i| i as u64).collect();
+    assert_eq!(ids_of(prefill), prompt_ids);
+    assert!(prefill[0]["logprob"].is_null());
+    assert_eq!(prefill[1]["logprob"], -1.0);
+    assert_eq!(len(&prefill[0]["label_logprobs"]), 2);
+}
+
+#[tokio::test]
+async fn generate_stream_events_are_numbered_and_the_last_carries_the_text() {
+    let app = app(&FakeBackend::default());
+    let params = json!({"max_new_tokens": 4, "details": true, "top_n_tokens": 1});
+    let events = events(&app, "/generate_stream", gen(params)).await;
+    assert_eq!(events.len(), 4);
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e["index"], i + 1);
+        assert_eq!(e["token"]["id"], script_id(i));
+        assert_eq!(len(&e["top_tokens"]), 1);
+        let last = i == 3;
+        assert_eq!(e["generated_text"].is_null(), !last, "{e}");
+        assert_eq!(e["details"].is_null(), !last, "{e}");
+    }
+    assert_eq!(events[3]["generated_text"], script_text(4));
+    assert_eq!(events[3]["details"]["finish_reason"], "length");
+    assert_eq!(events[3]["details"]["generated_tokens"], 4);
+}
+
+#[tokio::test]
+async fn compat_route_answers_an_array_or_a_stream() {
+    let app = app(&FakeBackend::default());
+    let (s, b) = post_json(&app, "/", gen(json!({"max_new_tokens": 2}))).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(b, json!([{"generated_text": script_text(2)}]));
+    let body = json!({"inputs": "Hi", "stream": true, "parameters": {"max_new_tokens": 2}});
+    let events = events(&app, "/", body).await;
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[1]["generated_text"], script_text(2));
+}
+
+/// The fake paces its tokens and would need seconds to finish: a stop must end the
+/// request (and drop the fake's channel) long before that.
+#[tokio::test]
+async fn a_stop_sequence_ends_the_generation_and_cancels_it() {
+    let fake = FakeBackend::paced(25);
+    let app = app(&fake);
+    let params = json!({"max_new_tokens": 200, "stop": ["world"], "details": true});
+    let (s, b) = post_json(&app, "/generate", gen(params.clone())).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["details"]["finish_reason"], "stop_sequence");
+    assert_eq!(b["generated_text"], " Hello world");
+    assert!(fake.senders.lock().unwrap()[0].is_closed());
+    let events = events(&app, "/generate_stream", gen(params)).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["details"]["finish_reason"], "stop_sequence");
+    assert_eq!(last["generated_text"], " Hello world");
+    assert!(fake.senders.lock().unwrap()[1].is_closed());
+    let sent = fake.sent.load(Ordering::SeqCst);
+    assert!(sent < 20, "the fake ran on after the stop: {sent} tokens");
+}
+
+#[tokio::test]
+async fn a_shard_failure_is_424_or_an_error_event() {
+    let app = app(&FakeBackend::failing_after(1));
+    let body = gen(json!({"max_new_tokens": 4}));
+    let (s, b) = post_json(&app, "/generate", body.clone()).await;
+    assert_error(s, &b, StatusCode::FAILED_DEPENDENCY, "generation");
+    let events = events(&app, "/generate_stream", body).await;
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[0]["token"]["id"], script_id(0));
+    let keys: Vec<_> = events[1].as_object().unwrap().keys().cloned().collect();
+    assert_eq!(keys, ["error", "error_type"]);
+    assert_eq!(events[1]["error_type"], "generation");
+}
+
+/// Instance 0 asks for more (paced) tokens, so it finishes last.
+#[tokio::test]
+async fn vertex_answers_in_instance_order_plain_unless_scores_are_asked() {
+    let app = app(&FakeBackend::paced(10));
+    let scored = json!({"max_new_tokens": 2, "top_n_tokens": 1, "details": true});
+    let body = json!({"instances": [
+        {"inputs": "a", "parameters": {"max_new_tokens": 6}},
+        {"inputs": "b", "parameters": {"max_new_tokens": 1}},
+        {"inputs": "c", "parameters": scored},
+    ]});
+    let (s, b) = post_json(&app, "/vertex", body).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let p = &b["predictions"];
+    assert_eq!(p[0], script_text(6));
+    assert_eq!(p[1], script_text(1));
+    assert_eq!(p[2]["generated_text"], script_text(2));
+    assert_eq!(len(&p[2]["details"]["top_tokens"]), 2);
+}
+
+/// Scores asked for without `details` (top-N, labels) come back in `details` anyway: the
+/// shard computed them, and Vertex answers an object because of them.
+#[tokio::test]
+async fn scores_asked_without_details_are_returned() {
+    let app = app(&FakeBackend::default());
+    let params = json!({"max_new_tokens": 2, "top_n_tokens": 1, "logprob_token_ids": [5]});
+    let body = json!({"instances": [{"inputs": "c", "parameters": params}]});
+    let (s, b) = post_json(&app, "/vertex", body).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let d = &b["predictions"][0]["details"];
+    assert_eq!(len(&d["top_tokens"]), 2, "{b}");
+    assert_eq!(d["tokens"][0]["label_logprobs"][0]["id"], 5, "{b}");
+}
+
+#[tokio::test]
+async fn vertex_instance_parameters_override_top_level_ones() {
+    let fake = FakeBackend::default();
+    let app = app(&fake);
+    let body = json!({"parameters": {"max_new_tokens": 2, "top_n_tokens": 1},
+        "instances": [{"inputs": "a", "parameters": {"max_new_tokens": 3}}]});
+    let (s, b) = post_json(&app, "/predict", body).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let r = fake.last();
+    assert_eq!((r.max_new_tokens, r.scores.top_n), (3, 1));
+    let body = json!({"instances": [
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+        {"prompt": "Hi", "max_tokens": 2},
+    ]});
+    let (s, b) = post_json(&app, "/vertex", body).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["predictions"][0]["object"], "chat.completion");
+    assert_eq!(b["predictions"][1]["choices"][0]["text"], script_text(2));
+}
+
+#[tokio::test]
+async fn vertex_errors_name_the_instance_and_limits() {
+    let mut cfg = config();
+    cfg.max_response_bytes = 2_000;
+    let app = app_with(cfg, &FakeBackend::default());
+    let bad = json!({"inputs": "b", "parameters": {"temperature": -1}});
+    let body = json!({"instances": [{"inputs": "a"}, bad]});
+    let (s, b) = post_json(&app, "/vertex", body).await;
+    assert_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    assert!(error_text(&b).starts_with("instances[1]: "), "{b}");
+    let (s, b) = post_json(&app, "/vertex", json!({"instances": []})).await;
+    assert_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    let five: Vec<_> = (0..5).map(|_| json!({"inputs": "a"})).collect();
+    let (s, b) = post_json(&app, "/vertex", json!({"instances": five})).await;
+    assert_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    assert!(error_text(&b).contains("--max-vertex-instances"), "{b}");
+    let big = json!({"max_new_tokens": 30, "details": true, "top_n_tokens": 5});
+    let body = json!({"instances": [{"inputs": "a", "parameters": big}]});
+    let (s, b) = post_json(&app, "/vertex", body).await;
+    assert_error(s, &b, StatusCode::PAYLOAD_TOO_LARGE, "response_too_large");
+}
+
+#[tokio::test]
+async fn openai_completions_json_and_stream() {
+    let fake = FakeBackend::default();
+    let app = app(&fake);
+    let body = json!({"prompt": "Hi", "max_tokens": 3, "temperature": 0, "logprobs": 2});
+    let (s, b) = post_json(&app, "/v1/completions", body).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(fake.last().sampling, Sampling::Greedy);
+    assert_eq!(b["object"], "text_completion");
+    assert_eq!(b["model"], "smollm2-test");
+    let c = &b["choices"][0];
+    assert_eq!(c["text"], script_text(3));
+    assert_eq!(c["finish_reason"], "length");
+    let lp = &c["logprobs"];
+    assert_eq!(lp["token_logprobs"], json!(vec![TOKEN_LOGPROB; 3]));
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
+    let prompt = tokenizer().encode("Hi", true).unwrap().len();
+    let usage =
+        json!({"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3});
+    assert_eq!(b["usage"], usage);
+
+    let options = json!({"include_usage": true});
+    let body = json!({"prompt": "Hi", "max_tokens": 3, "stream": true, "stream_options": options});
+    let events = events(&app, "/v1/completions", body).await;
+    // OpenAI's default temperature is 1: it samples.
+    let sampling = fake.last().sampling;
+    assert!(matches!(sampling, Sampling::Sample { temperature, .. } if temperature == 1.0));
+    assert_eq!(events.len(), 5, "{events:?}");
+    let texts = events[..3]
+        .iter()
+        .map(|e| e["choices"][0]["text"].as_str().unwrap());
+    assert_eq!(texts.collect::<String>(), script_text(3));
+    assert_eq!(events[2]["choices"][0]["finish_reason"], "length");
+    assert_eq!(events[3]["choices"], json!([]));
+    assert_eq!(events[3]["usage"]["completion_tokens"], 3);
+    assert_eq!(events[4], "[DONE]");
+}
+
+#[tokio::test]
+async fn openai_chat_renders_the_template_json_and_stream() {
+    let fake = FakeBackend::default();
+    let app = app(&fake);
+    let messages = json!([{"role": "user", "content": "Hello"}]);
+    let body = json!({"messages": messages, "max_tokens": 3, "logprobs": true,
+        "top_logprobs": 1, "seed": 7});
+    let (s, b) = post_json(&app, "/v1/chat/completions", body).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let list = messages.as_array().unwrap();
+    let inputs = ChatInputs {
+        messages: list,
+        add_generation_prompt: true,
+        tools: None,
+    };
+    let rendered = tokenizer().apply_chat_template(&inputs).unwrap();
+    let r = fake.last();
+    // The template writes BOS and friends itself: no special tokens added on top.
+    assert_eq!(r.input_ids, tokenizer().encode(&rendered, false).unwrap());
+    assert_eq!(r.sampling.seed(), Some(7));
+    assert_eq!(b["object"], "chat.completion");
+    let message = json!({"role": "assistant", "content": script_text(3)});
+    assert_eq!(b["choices"][0]["message"], message);
+    let content = &b["choices"][0]["logprobs"]["content"];
+    assert_eq!(ids_of(content), script_ids_u64(3));
+    assert_eq!(len(&content[0]["top_logprobs"]), 1);
+    assert_eq!(b["usage"]["prompt_tokens"], r.input_ids.len());
+
+    let body = json!({"messages": messages, "max_tokens": 2, "stream": true});
+    let events = events(&app, "/v1/chat/completions", body).await;
+    assert_eq!(events.len(), 4, "{events:?}");
+    let opening = json!({"role": "assistant", "content": ""});
+    assert_eq!(events[0]["choices"][0]["delta"], opening);
+    let texts = events[1..3].iter();
+    let texts = texts.map(|e| e["choices"][0]["delta"]["content"].as_str().unwrap());
+    assert_eq!(texts.collect::<String>(), script_text(2));
+    assert!(events[1]["choices"][0]["finish_reason"].is_null());
+    assert_eq!(events[2]["choices"][0]["finish_reason"], "length");
+    assert_eq!(events[3], "[DONE]");
+}
+
+#[tokio::test]
+async fn invoke_routes_and_custom_vertex_routes() {
+    let mut cfg = config();
+    cfg.predict_route = "/custom/predict".into();
+    cfg.health_route = "/custom/health".into();
+    let app = app_with(cfg, &FakeBackend::default());
+    let body = gen(json!({"max_new_tokens": 2, "details": true}));
+    let plain = post_json(&app, "/generate", body.clone()).await;
+    assert_eq!(plain.0, StatusCode::OK);
+    assert_eq!(post_json(&app, "/invoke/generate", body).await, plain);
+    let predict = json!({"instances": [gen(json!({"max_new_tokens": 2}))]});
+    for path in [
+        "/custom/predict",
+        "/invoke/custom/predict",
+        "/invoke/vertex",
+    ] {
+        let (s, b) = post_json(&app, path, predict.clone()).await;
+        assert_eq!(s, StatusCode::OK, "{path}");
+        assert_eq!(b["predictions"][0], script_text(2), "{path}");
+    }
+    for path in ["/custom/health", "/invoke/custom/health", "/invoke/health"] {
+        assert_eq!(call(&app, get(path)).await.0, StatusCode::OK, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn api_key_guards_inference_but_not_ops() {
+    let mut cfg = config();
+    cfg.api_key = Some("sekrit".into());
+    let app = app_with(cfg, &FakeBackend::default());
+    let body = gen(json!({"max_new_tokens": 1}));
+    let with_key = |key: &str| {
+        let mut r = post("/generate", &body);
+        let value = format!("Bearer {key}").parse().unwrap();
+        r.headers_mut().insert(header::AUTHORIZATION, value);
+        r
+    };
+    let (s, b) = call(&app, post("/generate", &body)).await;
+    assert_error(s, &b, StatusCode::UNAUTHORIZED, "unauthorized");
+    let (s, b) = call(&app, with_key("sekrit-not")).await;
+    assert_error(s, &b, StatusCode::UNAUTHORIZED, "unauthorized");
+    assert_eq!(call(&app, with_key("sekrit")).await.0, StatusCode::OK);
+    for path in "/health /metrics /docs /api-doc/openapi.json /info".split(' ') {
+        let status = send(&app, get(path)).await.status();
+        assert_eq!(status, StatusCode::OK, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn bodies_that_are_not_json_requests() {
+    let app = app(&FakeBackend::default());
+    let big = json!({"inputs": "x".repeat(config().payload_limit + 1)});
+    let (s, b) = post_json(&app, "/generate", big).await;
+    assert_error(s, &b, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
+    let plain = Request::post("/generate").body(Body::from(r#"{"inputs":"Hi"}"#));
+    let (s, b) = call(&app, plain.unwrap()).await;
+    let want = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+    assert_error(s, &b, want, "unsupported_media_type");
+    let broken = Request::post("/generate").header(header::CONTENT_TYPE, "application/json");
+    let (s, b) = call(&app, broken.body(Body::from(r#"{"inputs": "#)).unwrap()).await;
+    assert_error(s, &b, StatusCode::BAD_REQUEST, "malformed_json");
+    let (s, b) = post_json(&app, "/generate", gen(json!({"top_k": "x"}))).await;
+    assert_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    assert!(error_text(&b).contains("top_k"), "{b}");
+    let (s, b) = call(&app, get("/nowhere")).await;
+    assert_error(s, &b, StatusCode::NOT_FOUND, "not_found");
+}
+
+#[tokio::test]
+async fn openapi_lists_every_route_and_docs_render_it() {
+    let app = app(&FakeBackend::default());
+    let (s, spec) = call(&app, get("/api-doc/openapi.json")).await;
+    assert_eq!(s, StatusCode::OK);
+    let paths = spec["paths"].as_object().unwrap();
+    let served = "/generate /generate_stream / /vertex /v1/completions /v1/chat/completions \
+                  /v1/models /health /info /metrics /tokenize";
+    let mut routes: Vec<String> = served.split_whitespace().map(String::from).collect();
+    // Once docs/API.md exists, every route it documents must be in the spec too.
+    let api_md = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/API.md");
+    if let Ok(doc) = std::fs::read_to_string(api_md) {
+        for word in doc.split(|c: char| c.is_whitespace() || c == '`') {
+            let end = |c: char| !c.is_alphanumeric() && c != '/' && c != '_';
+            let w = word.trim_end_matches(end);
+            if w.starts_with("/v1/") || w.starts_with("/generate") {
+                routes.push(w.to_string());
+            }
+        }
+    }
+    for route in &routes {
+        assert!(
+            paths.contains_key(route),
+            "{route} missing from the OpenAPI document"
+        );
+    }
+    let page = send(&app, get("/docs")).await;
+    let content_type = page.headers()[header::CONTENT_TYPE].to_str().unwrap();
+    assert!(content_type.starts_with("text/html"), "{content_type}");
+    assert!(text(page).await.contains("api-doc/openapi.json"));
+}
+
+#[tokio::test]
+async fn a_held_stream_takes_the_only_permit() {
+    let mut cfg = config();
+    cfg.max_concurrent_requests = 1;
+    let app = app_with(cfg, &FakeBackend::default());
+    let body = gen(json!({"max_new_tokens": 2}));
+    // The body is not read, so the stream (and its permit) stays alive.
+    let held = send(&app, post("/generate_stream", &body)).await;
+    assert_eq!(held.status(), StatusCode::OK);
+    let (s, b) = post_json(&app, "/generate", body.clone()).await;
+    assert_error(s, &b, StatusCode::TOO_MANY_REQUESTS, "overloaded");
+    drop(held);
+    assert_eq!(post_json(&app, "/generate", body).await.0, StatusCode::OK);
+}
