@@ -1,27 +1,29 @@
 //! `/v1/chat/completions`: messages rendered with the model's chat template.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
-
 use axum::extract::State;
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::future::try_join_all;
 use futures::StreamExt;
 use serde_json::Value;
 use sonde_tokenizer::{ChatInputs, ModelTokenizer};
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::types::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs, ChatMessage, ChatRequest,
     ChatResponse, ChatTokenLogprob, TopLogprob, Usage,
 };
-use super::{choice_request, finish_reason, new_id, now, openai_names, Shared};
+use super::{
+    choice_request, finish_reason, merge_choices, new_id, now, openai_names, usage, ChoiceStream,
+    Shared,
+};
 use crate::error::{ApiError, ErrorBody};
-use crate::generation::{collect, json_logprob, steps, TextTracker};
+use crate::generation::{collect, json_logprob, steps, Step, TextTracker};
 use crate::infer::TokenScore;
 use crate::invalid;
 use crate::json::ApiJson;
-use crate::sse::{done_event, json_event, sse, sse_error};
+use crate::sse::{json_event, sse};
 use crate::state::{AppState, Ready};
 use crate::validation::ValidGenerate;
 
@@ -181,11 +183,7 @@ async fn run(ready: &Ready, p: Prepared) -> Result<ChatResponse, ApiError> {
         created: now(),
         model: ready.info.model_id.clone(),
         choices,
-        usage: Usage {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens: prompt_tokens + completion_tokens,
-        },
+        usage: usage(prompt_tokens, completion_tokens),
     })
 }
 
@@ -219,25 +217,19 @@ fn content_logprobs(
         .collect()
 }
 
-fn stream(
-    ready: &Ready,
-    p: Prepared,
-    permit: tokio::sync::OwnedSemaphorePermit,
-) -> Result<Response, ApiError> {
+fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Response, ApiError> {
     let tokenizer = ready.validator.tokenizer().clone();
-    let id = new_id("chatcmpl");
-    let model = ready.info.model_id.clone();
-    let created = now();
+    let (id, model, created) = (new_id("chatcmpl"), ready.info.model_id.clone(), now());
     let prompt_tokens = p.valid.request.input_ids.len() as u32;
-    let mut choice_streams = Vec::new();
+    let mut choices: Vec<ChoiceStream> = Vec::new();
     for i in 0..p.n {
         let rx = ready
             .backend
             .schedule(choice_request(&p.valid.request, i))?;
         let tracker = TextTracker::new(tokenizer.clone(), p.valid.stop.clone());
-        choice_streams.push(steps(rx, tracker).map(move |s| (i, s)).boxed());
+        choices.push(steps(rx, tracker).map(move |s| (i, s)).boxed());
     }
-    let chunk = move |choices: Vec<ChatChunkChoice>, usage: Option<Usage>| ChatChunk {
+    let response = move |choices: Vec<ChatChunkChoice>, usage: Option<Usage>| ChatChunk {
         id: id.clone(),
         object: "chat.completion.chunk".to_string(),
         created,
@@ -246,13 +238,13 @@ fn stream(
         usage,
     };
     // OpenAI opens each choice with a chunk that carries only the role.
-    let opening: Vec<_> = (0..p.n)
+    let opening: Vec<Event> = (0..p.n)
         .map(|index| {
             let delta = ChatDelta {
                 role: Some("assistant".to_string()),
                 content: Some(String::new()),
             };
-            json_event(&chunk(
+            json_event(&response(
                 vec![ChatChunkChoice {
                     index,
                     delta,
@@ -263,58 +255,32 @@ fn stream(
             ))
         })
         .collect();
-    let completion_tokens = Arc::new(AtomicU32::new(0));
-    let counted = completion_tokens.clone();
-    let (logprobs, include_usage) = (p.logprobs, p.include_usage);
-    let final_chunk = chunk.clone();
-    let mut failed = false;
-    let events = futures::stream::select_all(choice_streams).filter_map(move |(index, step)| {
-        let _held = &permit;
-        let event = match step {
-            Err(e) if !failed => {
-                failed = true;
-                Some(sse_error(&e))
-            }
-            Err(_) => None,
-            Ok(step) => {
-                counted.fetch_add(1, Ordering::Relaxed);
-                let logprobs = logprobs.map(|k| ChatLogprobs {
-                    content: content_logprobs(&tokenizer, std::slice::from_ref(&step.token), k),
-                });
-                let finish = step.last.as_ref().map(|l| finish_reason(l.finish));
-                let delta = ChatDelta {
-                    role: None,
-                    content: Some(step.delta),
-                };
-                Some(json_event(&chunk(
-                    vec![ChatChunkChoice {
-                        index,
-                        delta,
-                        logprobs,
-                        finish_reason: finish,
-                    }],
-                    None,
-                )))
-            }
-        };
-        futures::future::ready(event)
+    let usage_chunk = p.include_usage.then(|| {
+        let response = response.clone();
+        Box::new(move |generated| {
+            json_event(&response(Vec::new(), Some(usage(prompt_tokens, generated))))
+        }) as Box<dyn FnOnce(u32) -> Event + Send>
     });
-    let tail = futures::stream::once(async move {
-        let mut tail = Vec::new();
-        if include_usage {
-            let completion_tokens = completion_tokens.load(Ordering::Relaxed);
-            let usage = Usage {
-                prompt_tokens,
-                completion_tokens,
-                total_tokens: prompt_tokens + completion_tokens,
-            };
-            tail.push(json_event(&final_chunk(Vec::new(), Some(usage))));
-        }
-        tail.push(done_event());
-        futures::stream::iter(tail)
-    })
-    .flatten();
-    Ok(sse(futures::stream::iter(opening)
-        .chain(events)
-        .chain(tail)))
+    let logprobs = p.logprobs;
+    let chunk = move |index: u32, step: Step| {
+        let logprobs = logprobs.map(|k| ChatLogprobs {
+            content: content_logprobs(&tokenizer, std::slice::from_ref(&step.token), k),
+        });
+        let finish_reason = step.last.as_ref().map(|l| finish_reason(l.finish));
+        let delta = ChatDelta {
+            role: None,
+            content: Some(step.delta),
+        };
+        json_event(&response(
+            vec![ChatChunkChoice {
+                index,
+                delta,
+                logprobs,
+                finish_reason,
+            }],
+            None,
+        ))
+    };
+    let events = merge_choices(choices, chunk, usage_chunk, permit);
+    Ok(sse(futures::stream::iter(opening).chain(events)))
 }

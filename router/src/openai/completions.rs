@@ -1,25 +1,27 @@
 //! `/v1/completions`.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
-
 use axum::extract::State;
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::future::try_join_all;
 use futures::StreamExt;
 use sonde_tokenizer::ModelTokenizer;
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::types::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage,
 };
-use super::{choice_request, finish_reason, new_id, now, openai_names, Shared};
+use super::{
+    choice_request, finish_reason, merge_choices, new_id, now, openai_names, usage, ChoiceStream,
+    Shared,
+};
 use crate::error::{ApiError, ErrorBody};
-use crate::generation::{collect, json_logprob, steps, TextTracker};
+use crate::generation::{collect, json_logprob, steps, Step, TextTracker};
 use crate::infer::TokenScore;
 use crate::invalid;
 use crate::json::ApiJson;
-use crate::sse::{done_event, json_event, sse, sse_error};
+use crate::sse::{json_event, sse};
 use crate::state::{AppState, Ready};
 use crate::validation::ValidGenerate;
 
@@ -164,17 +166,14 @@ async fn run(ready: &Ready, p: Prepared) -> Result<CompletionResponse, ApiError>
         })
     });
     let results = try_join_all(runs).await?;
-    let mut usage = Usage {
-        prompt_tokens: 0,
-        completion_tokens: 0,
-        total_tokens: 0,
-    };
+    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
     let mut choices = Vec::with_capacity(results.len());
     for (index, (prompt, valid, g)) in results.into_iter().enumerate() {
+        // A prompt counts once however many choices it has.
         if (index as u32).is_multiple_of(p.n) {
-            usage.prompt_tokens += valid.request.input_ids.len() as u32;
+            prompt_tokens += valid.request.input_ids.len() as u32;
         }
-        usage.completion_tokens += g.tokens.len() as u32;
+        completion_tokens += g.tokens.len() as u32;
         let text = if p.echo {
             format!("{prompt}{}", g.text)
         } else {
@@ -198,14 +197,13 @@ async fn run(ready: &Ready, p: Prepared) -> Result<CompletionResponse, ApiError>
             finish_reason: Some(finish_reason(g.finish)),
         });
     }
-    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
     Ok(CompletionResponse {
         id: new_id("cmpl"),
         object: "text_completion".to_string(),
         created: now(),
         model: ready.info.model_id.clone(),
         choices,
-        usage: Some(usage),
+        usage: Some(usage(prompt_tokens, completion_tokens)),
     })
 }
 
@@ -245,37 +243,30 @@ fn top_map(
     map
 }
 
-fn stream(
-    ready: &Ready,
-    p: Prepared,
-    permit: tokio::sync::OwnedSemaphorePermit,
-) -> Result<Response, ApiError> {
+fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Response, ApiError> {
     let tokenizer = ready.validator.tokenizer().clone();
-    let id = new_id("cmpl");
-    let model = ready.info.model_id.clone();
-    let created = now();
+    let (id, model, created) = (new_id("cmpl"), ready.info.model_id.clone(), now());
     let prompt_tokens: u32 = p
         .prompts
         .iter()
         .map(|(_, v)| v.request.input_ids.len() as u32)
         .sum();
-    let mut choice_streams = Vec::new();
+    let mut choices: Vec<ChoiceStream> = Vec::new();
+    // Per choice: the prompt to echo before its first token, and the character offset
+    // of its next token.
+    let mut echo = Vec::new();
+    let mut offsets = Vec::new();
     for (pi, (prompt, valid)) in p.prompts.iter().enumerate() {
         for i in 0..p.n {
             let index = pi as u32 * p.n + i;
             let rx = ready.backend.schedule(choice_request(&valid.request, i))?;
             let tracker = TextTracker::new(tokenizer.clone(), valid.stop.clone());
-            let echo = p.echo.then(|| prompt.clone());
-            let prompt_chars = prompt.chars().count() as u32;
-            choice_streams.push(
-                steps(rx, tracker)
-                    .map(move |s| (index, prompt_chars, echo.clone(), s))
-                    .boxed(),
-            );
+            choices.push(steps(rx, tracker).map(move |s| (index, s)).boxed());
+            echo.push(p.echo.then(|| prompt.clone()));
+            offsets.push(prompt.chars().count() as u32);
         }
     }
-    let (logprobs, include_usage) = (p.logprobs, p.include_usage);
-    let chunk = move |choices: Vec<CompletionChoice>, usage: Option<Usage>| CompletionResponse {
+    let response = move |choices: Vec<CompletionChoice>, usage: Option<Usage>| CompletionResponse {
         id: id.clone(),
         object: "text_completion".to_string(),
         created,
@@ -283,70 +274,42 @@ fn stream(
         choices,
         usage,
     };
-    let completion_tokens = Arc::new(AtomicU32::new(0));
-    let counted = completion_tokens.clone();
-    let mut failed = false;
-    let mut offsets = std::collections::HashMap::new();
-    let final_chunk = chunk.clone();
-    let events = futures::stream::select_all(choice_streams).filter_map(
-        move |(index, prompt_chars, echo, step)| {
-            let _held = &permit;
-            let event = match step {
-                // One error event is enough; the other choices of the request failed alike.
-                Err(e) if !failed => {
-                    failed = true;
-                    Some(sse_error(&e))
-                }
-                Err(_) => None,
-                Ok(step) => {
-                    counted.fetch_add(1, Ordering::Relaxed);
-                    let mut text = step.delta.clone();
-                    if let (0, Some(prompt)) = (step.index, echo) {
-                        text.insert_str(0, &prompt);
-                    }
-                    let offset = offsets.entry(index).or_insert(prompt_chars);
-                    let logprobs = logprobs.map(|k| {
-                        let mut lp = CompletionLogprobs::default();
-                        *offset = append(
-                            &mut lp,
-                            &tokenizer,
-                            std::slice::from_ref(&step.token),
-                            k,
-                            *offset,
-                        );
-                        lp
-                    });
-                    let finish = step.last.as_ref().map(|l| finish_reason(l.finish));
-                    Some(json_event(&chunk(
-                        vec![CompletionChoice {
-                            index,
-                            text,
-                            logprobs,
-                            finish_reason: finish,
-                        }],
-                        None,
-                    )))
-                }
-            };
-            futures::future::ready(event)
-        },
-    );
-    let tail = futures::stream::once(async move {
-        let mut tail = Vec::new();
-        if include_usage {
-            let completion_tokens = completion_tokens.load(Ordering::Relaxed);
-            let usage = Usage {
-                prompt_tokens,
-                completion_tokens,
-                total_tokens: prompt_tokens + completion_tokens,
-            };
-            tail.push(json_event(&final_chunk(Vec::new(), Some(usage))));
+    let usage_chunk = p.include_usage.then(|| {
+        let response = response.clone();
+        Box::new(move |generated| {
+            json_event(&response(Vec::new(), Some(usage(prompt_tokens, generated))))
+        }) as Box<dyn FnOnce(u32) -> Event + Send>
+    });
+    let logprobs = p.logprobs;
+    let chunk = move |index: u32, step: Step| {
+        let i = index as usize;
+        let mut text = step.delta;
+        if let Some(prompt) = echo[i].take() {
+            text.insert_str(0, &prompt);
         }
-        tail.push(done_event());
-        futures::stream::iter(tail)
-    })
-    .flatten();
-    Ok(sse(events.chain(tail)))
+        let logprobs = logprobs.map(|k| {
+            let mut lp = CompletionLogprobs::default();
+            offsets[i] = append(
+                &mut lp,
+                &tokenizer,
+                std::slice::from_ref(&step.token),
+                k,
+                offsets[i],
+            );
+            lp
+        });
+        let finish_reason = step.last.as_ref().map(|l| finish_reason(l.finish));
+        json_event(&response(
+            vec![CompletionChoice {
+                index,
+                text,
+                logprobs,
+                finish_reason,
+            }],
+            None,
+        ))
+    };
+    Ok(sse(merge_choices(choices, chunk, usage_chunk, permit)))
 }
 
 /// An f32 as JSON with its shortest digits (`-0.78488064`, not the f64 widening

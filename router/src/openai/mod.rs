@@ -7,22 +7,30 @@ pub mod chat;
 pub mod completions;
 pub mod types;
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
+use axum::response::sse::Event;
 use axum::Json;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
 use serde_json::Value;
+use tokio::sync::OwnedSemaphorePermit;
 
 pub use chat::{__path_chat_completions, chat_completions};
 pub use completions::{__path_completions, completions};
 
 use crate::error::ApiError;
+use crate::generation::Step;
 use crate::infer::{FinishReason, Sampling, ValidRequest};
 use crate::invalid;
+use crate::sse::{done_event, sse_error};
 use crate::state::AppState;
 use crate::tgi::types::GenerateParameters;
 use crate::validation::ValidationLimits;
-use types::{Model, ModelList, StringOrList};
+use types::{Model, ModelList, StringOrList, Usage};
 
 /// The fields completions and chat share, checked with OpenAI's names.
 pub(crate) struct Shared {
@@ -108,6 +116,57 @@ pub(crate) fn choice_request(request: &ValidRequest, i: u32) -> ValidRequest {
         *seed = seed.wrapping_add(i as u64);
     }
     request
+}
+
+/// One choice's tokens, tagged with the choice's index.
+pub(crate) type ChoiceStream = BoxStream<'static, (u32, Result<Step, ApiError>)>;
+
+/// Merges the choices of one request into one SSE stream: `chunk` writes each token's
+/// event; the first error becomes an error event (the other choices failed alike); then
+/// the usage chunk when asked for (`usage_chunk` gets the generated token count) and
+/// `[DONE]`. The permit is held until the stream ends or the client leaves.
+pub(crate) fn merge_choices(
+    choices: Vec<ChoiceStream>,
+    mut chunk: impl FnMut(u32, Step) -> Event + Send + 'static,
+    usage_chunk: Option<Box<dyn FnOnce(u32) -> Event + Send>>,
+    permit: OwnedSemaphorePermit,
+) -> impl Stream<Item = Event> + Send {
+    let generated = Arc::new(AtomicU32::new(0));
+    let counted = generated.clone();
+    let mut failed = false;
+    let events = futures::stream::select_all(choices).filter_map(move |(index, step)| {
+        let _held = &permit;
+        let event = match step {
+            Err(e) if !failed => {
+                failed = true;
+                Some(sse_error(&e))
+            }
+            Err(_) => None,
+            Ok(step) => {
+                counted.fetch_add(1, Ordering::Relaxed);
+                Some(chunk(index, step))
+            }
+        };
+        futures::future::ready(event)
+    });
+    let tail = futures::stream::once(async move {
+        let mut tail = Vec::new();
+        if let Some(usage_chunk) = usage_chunk {
+            tail.push(usage_chunk(generated.load(Ordering::Relaxed)));
+        }
+        tail.push(done_event());
+        futures::stream::iter(tail)
+    })
+    .flatten();
+    events.chain(tail)
+}
+
+pub(crate) fn usage(prompt_tokens: u32, completion_tokens: u32) -> Usage {
+    Usage {
+        prompt_tokens,
+        completion_tokens,
+        total_tokens: prompt_tokens + completion_tokens,
+    }
 }
 
 pub(crate) fn finish_reason(f: FinishReason) -> String {
