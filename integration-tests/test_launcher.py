@@ -1,0 +1,177 @@
+"""The launcher as users start it: the README's command, SIGTERM with streams in flight, a
+shard killed under load, and startups that must fail with one clear sentence."""
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+
+from conftest import MODEL
+from launched import Launched, launcher_cmd, serve_cmd
+from sonde_http import TIMEOUT_S, post, sse_events
+
+
+def launch(tmp_args=(), env=None, name="launcher", cmd=launcher_cmd):
+    lz = Launched([], env=env, name=name)
+    lz.cmd = [str(c) for c in cmd(lz.port, lz.uds_prefix, *tmp_args)]
+    return lz
+
+
+def test_readme_command_serves_the_default_model_with_scores():
+    lz = launch(["--enable-prefill-logprobs"], name="readme", cmd=serve_cmd)
+    try:
+        lz.start()
+        body = {"inputs": "Once upon a time", "parameters": {
+            "max_new_tokens": 4, "details": True, "top_n_tokens": 2, "decoder_input_details": True}}
+        out = post(lz, "/generate", body).json()
+        d = out["details"]
+        assert d["generated_tokens"] == 4 and len(d["tokens"]) == 4
+        assert all(t["logprob"] <= 0 for t in d["tokens"])
+        assert all(len(top) == 2 for top in d["top_tokens"])
+        assert d["prefill"][0]["logprob"] is None and len(d["prefill"]) == d["input_length"]
+        info = requests.get(lz.url + "/info", timeout=10).json()
+        assert info["model_id"] == MODEL.stem
+        lz.signal(signal.SIGTERM)
+        assert lz.wait_exit(60) == 0, lz.logs()
+    finally:
+        lz.stop()
+
+
+def _stream(lz, i, out):
+    body = {"inputs": f"Story {i}: once upon a time", "parameters": {"max_new_tokens": 48, "details": True}}
+    with requests.post(lz.url + "/generate_stream", json=body, stream=True, timeout=TIMEOUT_S) as r:
+        out[i] = list(sse_events(r))
+
+
+def test_sigterm_with_8_streams_in_flight_lets_them_finish_and_exits_0():
+    grace = 60
+    lz = launch(["--graceful-termination-timeout", grace], name="sigterm")
+    try:
+        lz.start()
+        results = [None] * 8
+        threads = [threading.Thread(target=_stream, args=(lz, i, results)) for i in range(8)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while _gauge(lz, "sonde_batch_current_size") < 8:
+            assert time.monotonic() < deadline, "the 8 streams never all ran"
+            time.sleep(0.05)
+        signalled = time.monotonic()
+        lz.signal(signal.SIGTERM)
+        for t in threads:
+            t.join(grace)
+        for i, events in enumerate(results):
+            assert events and "error" not in events[-1], (i, events and events[-1])
+            assert events[-1]["details"]["finish_reason"] in ("length", "eos_token")
+        assert lz.wait_exit(grace) == 0, lz.logs()
+        assert time.monotonic() - signalled < grace
+    finally:
+        lz.stop()
+
+
+def _gauge(lz, name):
+    text = requests.get(lz.url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def _shard_pid(lz):
+    out = subprocess.run(["pgrep", "-f", f"sonde-shard .*{lz.uds_prefix}-0"], capture_output=True, text=True)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 1, f"want one shard process, found {pids}"
+    return pids[0]
+
+
+def test_killed_shard_fails_requests_with_424_and_is_restarted():
+    lz = launch(name="shardkill")
+    try:
+        lz.start()
+        results = {}
+
+        def run(i):
+            r = post(lz, "/generate", {"inputs": f"Tale {i}", "parameters": {"max_new_tokens": 300}})
+            results[i] = (r.status_code, r.json(), time.monotonic())
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while _gauge(lz, "sonde_batch_current_size") < 4:
+            assert time.monotonic() < deadline, "the requests never ran"
+            time.sleep(0.05)
+        old = _shard_pid(lz)
+        os.kill(old, signal.SIGKILL)
+        killed = time.monotonic()
+        for t in threads:
+            t.join(10)
+        for i, (status, body, at) in results.items():
+            assert status == 424 and body["error_type"] == "generation", (i, status, body)
+            assert at - killed < 5, f"request {i} took {at - killed:.1f} s to fail"
+        r = requests.get(lz.url + "/health", timeout=10)
+        assert r.status_code == 503, r.text
+        lz.wait_healthy(timeout=60)
+        assert _shard_pid(lz) != old
+        out = post(lz, "/generate", {"inputs": "Once upon a time", "parameters": {"max_new_tokens": 3}})
+        assert out.status_code == 200, out.text
+        assert "restarting the shard" in lz.logs(200)
+    finally:
+        lz.stop()
+
+
+def _run_to_exit(args, env=None, timeout=120):
+    lz = launch(args, env=env, name="badstart")
+    try:
+        lz.start(wait=False)
+        code = lz.wait_exit(timeout)
+        return code, lz.logs(100)
+    finally:
+        lz.stop()
+
+
+@pytest.fixture
+def junk_model(tmp_path):
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"GGUF" + os.urandom(4096))
+    return path
+
+
+def test_bad_flags_exit_non_zero_with_a_clear_sentence():
+    code, logs = _run_to_exit(["--num-shard", "2"])
+    assert code != 0 and "--num-shard 2 is not supported" in logs, logs
+    code, logs = _run_to_exit(["--max-best-of", "many"])
+    assert code != 0 and "--max-best-of" in logs and "invalid value" in logs, logs
+
+
+def test_missing_model_path_exits_non_zero(tmp_path):
+    missing = tmp_path / "nowhere" / "model.gguf"
+    code, logs = _run_to_exit(["--model-id", missing])
+    assert code != 0 and str(missing) in logs and "does not exist" in logs, logs
+
+
+def test_unloadable_model_exits_non_zero_naming_the_shard(junk_model):
+    code, logs = _run_to_exit(["--model-id", junk_model])
+    assert code != 0, logs
+    assert "shard 0 exited" in logs and "while loading the model" in logs, logs
+
+
+def test_port_in_use_exits_non_zero():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        lz = Launched([], name="portinuse", port=port)
+        lz.cmd = [str(c) for c in launcher_cmd(port, lz.uds_prefix)]
+        try:
+            lz.start(wait=False)
+            code = lz.wait_exit(60)
+            logs = lz.logs()
+        finally:
+            lz.stop()
+    assert code != 0 and f"port {port}" in logs and "already in use" in logs, logs
