@@ -166,7 +166,8 @@ impl RouterArgs {
                 .clone()
                 .filter(|r| !r.is_empty())
                 .unwrap_or_else(|| default.to_string());
-            if !r.starts_with('/') || r.contains(['{', '}', '*']) {
+            // axum reads `{…}`, `*` and a segment starting with `:` as captures.
+            if !r.starts_with('/') || r.contains(['{', '}', '*']) || r.contains("/:") {
                 return Err(format!(
                     "{var} must be a plain path starting with '/', got {r:?}"
                 ));

@@ -26,8 +26,14 @@ pub fn app(state: AppState) -> Result<Router, String> {
         "/info",
         "/metrics",
         "/docs",
+        "/api-doc/openapi.json",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
     ];
-    if reserved.contains(&cfg.predict_route.as_str()) || cfg.predict_route.starts_with("/v1/") {
+    // Vertex's own routes look like `/v1/endpoints/E/deployedModels/M:predict`: only an
+    // exact collision is a problem.
+    if reserved.contains(&cfg.predict_route.as_str()) || cfg.predict_route.starts_with("/invoke/") {
         return Err(format!(
             "AIP_PREDICT_ROUTE {} collides with one of Sonde's own routes",
             cfg.predict_route

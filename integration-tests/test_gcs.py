@@ -1,0 +1,113 @@
+"""A model on gs://, as Vertex AI hands it over (AIP_STORAGE_URI), downloaded by the
+launcher through the real GCS client from a local stand-in of GCS, then served — through
+entrypoint.sh with Vertex's variables. An interrupted download leaves no model behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from conftest import BIN_DIR, MODEL, REPO
+from launched import Launched, launcher_cmd
+
+BUCKET = "models"
+KEY = f"smollm2/{MODEL.name}"
+
+
+@pytest.fixture
+def gcs(tmp_path):
+    root = tmp_path / "gcs"
+    (root / BUCKET / "smollm2").mkdir(parents=True)
+    os.symlink(MODEL, root / BUCKET / KEY)
+    creds = tmp_path / "service-account.json"
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "integration-tests" / "fake_gcs.py"), "--root", str(root),
+         "--credentials-out", str(creds), "--exit-on-stdin-eof"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    url = proc.stdout.readline().strip().rsplit(" ", 1)[-1]
+    assert url.startswith("http://127.0.0.1:"), url
+
+    class Gcs:
+        base = url
+        credentials = creds
+
+        def control(self, path):
+            r = requests.post(f"{url}/_control/{path}", timeout=10)
+            assert r.status_code == 200, r.text
+
+        def gets(self):
+            stats = requests.get(f"{url}/_control/stats", timeout=10).json()
+            return stats["get"].get(f"{BUCKET}/{KEY}", 0)
+
+    yield Gcs()
+    proc.stdin.close()
+    proc.terminate()
+    proc.wait(10)
+
+
+def models_in(folder):
+    """Anything a shard could mistake for a model: a finished .gguf file."""
+    return [p for p in Path(folder).rglob("*.gguf") if not p.name.endswith(".partial")]
+
+
+def test_interrupted_download_leaves_no_model_then_vertex_serves_it(gcs):
+    env = {"GOOGLE_SERVICE_ACCOUNT": str(gcs.credentials)}
+    # The stand-in drops every download of the model after 10 MB: the launcher retries;
+    # kill it meanwhile, as a preempted VM would.
+    gcs.control(f"fail?object={BUCKET}/{KEY}&after=10000000")
+    first = Launched([], env={**env, "AIP_STORAGE_URI": f"gs://{BUCKET}/{KEY}"}, name="gcs-cut")
+    first.cmd = [str(c) for c in launcher_cmd(first.port, first.uds_prefix)]
+    try:
+        first.start(wait=False)
+        deadline = time.monotonic() + 60
+        while gcs.gets() < 2:
+            assert first.proc.poll() is None, first.logs()
+            assert time.monotonic() < deadline, f"the download never started:\n{first.logs()}"
+            time.sleep(0.1)
+        first.signal(signal.SIGKILL)
+        first.wait_exit(10)
+        cache = first.env["SONDE_CACHE_DIR"]
+        assert models_in(cache) == [], f"a cut download left a model: {models_in(cache)}"
+    finally:
+        first.stop()
+
+    # Vertex's way: the entrypoint, AIP_* variables, the model folder's URI, same cache.
+    gcs.control("fail")
+    gcs.control("reset")
+    port = first.port
+    vertex_env = {
+        **env,
+        "SONDE_BIN_DIR": str(BIN_DIR),
+        "SONDE_CACHE_DIR": cache,
+        "AIP_HTTP_PORT": str(port),
+        "AIP_HEALTH_ROUTE": "/ping",
+        "AIP_PREDICT_ROUTE": "/v1/endpoints/123/deployedModels/456:predict",
+        "AIP_STORAGE_URI": f"gs://{BUCKET}/smollm2",
+    }
+    served = Launched([REPO / "entrypoint.sh", "--hostname", "127.0.0.1",
+                       "--shard-uds-path", first.uds_prefix], env=vertex_env, port=port,
+                      name="gcs-vertex", health_route="/ping")
+    try:
+        served.start()
+        assert gcs.gets() >= 1, "the model was not downloaded from the stand-in"
+        logs = served.logs(300)
+        assert "gs://" in logs and "MB" in logs, f"no download progress in the logs:\n{logs}"
+        body = {"instances": [{"inputs": "Once upon a time",
+                               "parameters": {"max_new_tokens": 4, "details": True, "top_n_tokens": 2}}]}
+        r = requests.post(served.url + vertex_env["AIP_PREDICT_ROUTE"], json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        pred = r.json()["predictions"][0]
+        assert pred["details"]["generated_tokens"] == 4
+        assert all(len(t) == 2 for t in pred["details"]["top_tokens"])
+        downloaded = models_in(cache)
+        assert len(downloaded) == 1 and downloaded[0].read_bytes() == MODEL.read_bytes()
+        info = requests.get(served.url + "/info", timeout=10).json()
+        assert info["model_id"] == vertex_env["AIP_STORAGE_URI"]
+    finally:
+        served.stop()
