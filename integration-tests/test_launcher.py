@@ -175,3 +175,13 @@ def test_port_in_use_exits_non_zero():
         finally:
             lz.stop()
     assert code != 0 and f"port {port}" in logs and "already in use" in logs, logs
+
+
+def test_unreachable_hub_exits_non_zero_with_a_clear_sentence():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    code, logs = _run_to_exit(["--model-id", "HuggingFaceTB/SmolLM2-135M-Instruct"],
+                              env={"HF_ENDPOINT": f"http://127.0.0.1:{closed}"})
+    assert code != 0, logs
+    assert "could not reach the Hugging Face Hub" in logs and "HuggingFaceTB/SmolLM2-135M-Instruct" in logs, logs
