@@ -48,9 +48,11 @@ async fn launch(args: LauncherArgs) -> anyhow::Result<()> {
     };
     let resolved = model::resolve(&resolve).await?;
     tracing::info!(model = %resolved.path.display(), source = %resolved.source, "model resolved");
+    // The name clients see: what the user named (a Hub id, a gs:// URI), else the file's.
     let model_id = args
         .model_id
         .clone()
+        .filter(|m| !m.trim().is_empty())
         .or(env.aip_storage_uri.clone())
         .unwrap_or_else(|| {
             resolved
