@@ -185,3 +185,21 @@ def test_unreachable_hub_exits_non_zero_with_a_clear_sentence():
                               env={"HF_ENDPOINT": f"http://127.0.0.1:{closed}"})
     assert code != 0, logs
     assert "could not reach the Hugging Face Hub" in logs and "HuggingFaceTB/SmolLM2-135M-Instruct" in logs, logs
+
+
+def test_dead_router_stops_everything_and_exits_non_zero():
+    lz = launch(name="routerkill")
+    try:
+        lz.start()
+        out = subprocess.run(["pgrep", "-f", f"sonde-router .*{lz.uds_prefix}"], capture_output=True, text=True)
+        pids = [int(p) for p in out.stdout.split()]
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGKILL)
+        code = lz.wait_exit(30)
+        assert code != 0, lz.logs()
+        assert "the router exited" in lz.logs(), lz.logs()
+        # The shard went with it: nothing is left listening for a router that is gone.
+        left = subprocess.run(["pgrep", "-f", f"sonde-shard .*{lz.uds_prefix}"], capture_output=True, text=True)
+        assert left.stdout.strip() == "", f"shard still running: {left.stdout}"
+    finally:
+        lz.stop()
