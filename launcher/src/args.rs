@@ -118,6 +118,10 @@ pub struct SupervisionArgs {
     /// Seconds a shard has to load the model and answer its health check.
     #[arg(long, env = "SHARD_STARTUP_TIMEOUT", default_value_t = 600)]
     pub shard_startup_timeout: u64,
+    /// Seconds one batch step of a shard may take before its requests fail with 424 and
+    /// the shard counts as stuck.
+    #[arg(long, env = "SHARD_STEP_TIMEOUT", default_value_t = 120)]
+    pub shard_step_timeout: u64,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, env = "GRACEFUL_TERMINATION_TIMEOUT", default_value_t = 90)]
     pub graceful_termination_timeout: u64,
