@@ -1,0 +1,81 @@
+//! `sonde-bench`: a closed-loop load generator. C clients each send a request, wait for
+//! its last token, and send the next, over a fixed prompt set with greedy decoding and a
+//! fixed `max_tokens`, against Sonde's `/generate_stream` or any OpenAI-compatible
+//! `/v1/completions`. Prints generated tokens/s, time to first token, inter-token latency
+//! and request latency (p50/p99), and failures.
+
+mod client;
+mod report;
+mod workload;
+
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+
+use client::{Api, Client};
+use report::Report;
+use workload::Workload;
+
+#[derive(Parser, Debug)]
+#[command(name = "sonde-bench", version, about)]
+struct Args {
+    /// Server base URL, e.g. http://127.0.0.1:8080.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// `sonde` drives /generate_stream; `openai` drives /v1/completions (llama-server, vLLM…).
+    #[arg(long, value_enum, default_value_t = ApiArg::Sonde)]
+    api: ApiArg,
+    /// Clients sending at once (closed loop: each waits for its answer before the next).
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Requests in all.
+    #[arg(long, default_value_t = 16)]
+    requests: usize,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: u32,
+    /// Approximate prompt length in words (the prompts are fixed texts cut to this length).
+    #[arg(long, default_value_t = 32)]
+    prompt_words: usize,
+    /// Sonde only: also score the prompt (`decoder_input_details`, non-streamed).
+    #[arg(long)]
+    prompt_logprobs: bool,
+    /// Requests sent first and left out of the figures.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Print the report as one JSON line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ApiArg {
+    Sonde,
+    Openai,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let api = match args.api {
+        ApiArg::Sonde => Api::Sonde { prompt_logprobs: args.prompt_logprobs },
+        ApiArg::Openai => Api::OpenAi,
+    };
+    let client = Client::new(&args.url, api, Duration::from_secs(args.timeout))?;
+    let workload = Workload::new(args.prompt_words, args.max_tokens);
+    for i in 0..args.warmup {
+        let _ = client.run(&workload.prompt(i), args.max_tokens).await;
+    }
+    let started = Instant::now();
+    let results = workload::closed_loop(&client, &workload, args.concurrency, args.requests).await;
+    let report = Report::new(&results, started.elapsed(), args.concurrency);
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        report.print(&args.url);
+    }
+    Ok(())
+}

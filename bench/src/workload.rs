@@ -1,0 +1,68 @@
+//! The fixed prompt set and the closed loop that sends it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::client::{Client, Outcome};
+
+/// Public-domain opening lines, so prompts are real text (tokenizers behave as on real
+/// traffic) and every run sends the same ones.
+const TEXTS: &[&str] = &[
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, it was the season of Darkness",
+    "Call me Ishmael. Some years ago, never mind how long precisely, having little or no money in my purse, and nothing particular to interest me on shore, I thought I would sail about a little and see the watery part of the world",
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife. However little known the feelings or views of such a man may be on his first entering a neighbourhood",
+    "In a hole in the ground there lived a creature. Not a nasty, dirty, wet hole, filled with the ends of worms and an oozy smell, nor yet a dry, bare, sandy hole with nothing in it to sit down on or to eat",
+    "Happy families are all alike; every unhappy family is unhappy in its own way. Everything was in confusion in the house. The wife had discovered that the husband was carrying on an intrigue with a French girl",
+    "The sun shone, having no alternative, on the nothing new. Murphy sat out of it, as though he were free, in a mew in West Brompton. Here for what might have been six months he had eaten, drunk, slept",
+    "Once upon a time and a very good time it was there was a moocow coming down along the road and this moocow that was coming down along the road met a nicens little boy",
+    "All this happened, more or less. The war parts, anyway, are pretty much true. One guy I knew really was shot in Dresden for taking a teapot that wasn't his. Another guy I knew really did threaten",
+];
+
+pub struct Workload {
+    prompts: Vec<String>,
+    pub max_tokens: u32,
+}
+
+impl Workload {
+    /// Prompts of about `words` words: each text repeated and cut, numbered so no two are
+    /// equal (no prefix cache on either side can make one request cheaper).
+    pub fn new(words: usize, max_tokens: u32) -> Self {
+        let prompts = TEXTS
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                let mut all: Vec<&str> = Vec::new();
+                while all.len() < words {
+                    all.extend(text.split_whitespace());
+                }
+                all.truncate(words.max(1));
+                format!("{}. {}", i + 1, all.join(" "))
+            })
+            .collect();
+        Self { prompts, max_tokens }
+    }
+
+    pub fn prompt(&self, i: usize) -> String {
+        self.prompts[i % self.prompts.len()].clone()
+    }
+}
+
+/// `concurrency` clients share a counter of requests left; each sends its next request as
+/// soon as its previous one ended.
+pub async fn closed_loop(client: &Client, workload: &Workload, concurrency: usize, requests: usize) -> Vec<Outcome> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let workers = (0..concurrency.max(1)).map(|_| {
+        let next = next.clone();
+        async move {
+            let mut outcomes = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= requests {
+                    return outcomes;
+                }
+                outcomes.push(client.run(&workload.prompt(i), workload.max_tokens).await);
+            }
+        }
+    });
+    futures::future::join_all(workers).await.into_iter().flatten().collect()
+}
