@@ -226,7 +226,10 @@ pub fn router_spec(
         "shard-startup-timeout",
         args.supervision.shard_startup_timeout.to_string(),
     );
-    flag("shard-step-timeout", args.supervision.shard_step_timeout.to_string());
+    flag(
+        "shard-step-timeout",
+        args.supervision.shard_step_timeout.to_string(),
+    );
     if l.enable_prefill_logprobs {
         a.push("--enable-prefill-logprobs".to_string());
     }
