@@ -34,35 +34,59 @@ pub struct Outcome {
 impl Client {
     pub fn new(url: &str, api: Api, timeout: Duration) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder().timeout(timeout).build()?;
-        Ok(Self { http, base: url.trim_end_matches('/').to_string(), api })
+        Ok(Self {
+            http,
+            base: url.trim_end_matches('/').to_string(),
+            api,
+        })
     }
 
     pub async fn run(&self, prompt: &str, max_tokens: u32) -> Outcome {
         let started = Instant::now();
         let mut outcome = match self.api {
-            Api::Sonde { prompt_logprobs: true } => self.scored(prompt, max_tokens, started).await,
+            Api::Sonde {
+                prompt_logprobs: true,
+            } => self.scored(prompt, max_tokens, started).await,
             _ => self.streamed(prompt, max_tokens, started).await,
         }
-        .unwrap_or_else(|e| Outcome { error: Some(e), ..Outcome::default() });
+        .unwrap_or_else(|e| Outcome {
+            error: Some(e),
+            ..Outcome::default()
+        });
         outcome.latency = started.elapsed();
         outcome
     }
 
     fn request(&self, prompt: &str, max_tokens: u32) -> reqwest::RequestBuilder {
         match self.api {
-            Api::Sonde { .. } => self.http.post(format!("{}/generate_stream", self.base)).json(&json!({
-                "inputs": prompt,
-                "parameters": {"max_new_tokens": max_tokens, "do_sample": false},
-            })),
-            Api::OpenAi => self.http.post(format!("{}/v1/completions", self.base)).json(&json!({
-                "model": "bench", "prompt": prompt, "max_tokens": max_tokens,
-                "temperature": 0, "stream": true,
-            })),
+            Api::Sonde { .. } => self
+                .http
+                .post(format!("{}/generate_stream", self.base))
+                .json(&json!({
+                    "inputs": prompt,
+                    "parameters": {"max_new_tokens": max_tokens, "do_sample": false},
+                })),
+            Api::OpenAi => self
+                .http
+                .post(format!("{}/v1/completions", self.base))
+                .json(&json!({
+                    "model": "bench", "prompt": prompt, "max_tokens": max_tokens,
+                    "temperature": 0, "stream": true,
+                })),
         }
     }
 
-    async fn streamed(&self, prompt: &str, max_tokens: u32, started: Instant) -> Result<Outcome, String> {
-        let resp = self.request(prompt, max_tokens).send().await.map_err(|e| e.to_string())?;
+    async fn streamed(
+        &self,
+        prompt: &str,
+        max_tokens: u32,
+        started: Instant,
+    ) -> Result<Outcome, String> {
+        let resp = self
+            .request(prompt, max_tokens)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
         if !resp.status().is_success() {
             return Err(format!("HTTP {}", resp.status()));
         }
@@ -92,35 +116,57 @@ impl Client {
     /// Whether an SSE event carries a token; an error event fails the request.
     fn is_token(&self, event: &[u8]) -> Result<bool, String> {
         let text = String::from_utf8_lossy(event);
-        let Some(data) = text.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim) else {
+        let Some(data) = text
+            .lines()
+            .find_map(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+        else {
             return Ok(false);
         };
         if data == "[DONE]" {
             return Ok(false);
         }
-        let value: Value = serde_json::from_str(data).map_err(|e| format!("bad event {data:?}: {e}"))?;
+        let value: Value =
+            serde_json::from_str(data).map_err(|e| format!("bad event {data:?}: {e}"))?;
         if let Some(error) = value.get("error") {
             return Err(format!("error event: {error}"));
         }
         Ok(match self.api {
             Api::Sonde { .. } => value.get("token").is_some(),
             // One chunk per token; the closing chunk of some servers has no text.
-            Api::OpenAi => value["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()),
+            Api::OpenAi => value["choices"][0]["text"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty()),
         })
     }
 
-    async fn scored(&self, prompt: &str, max_tokens: u32, started: Instant) -> Result<Outcome, String> {
+    async fn scored(
+        &self,
+        prompt: &str,
+        max_tokens: u32,
+        started: Instant,
+    ) -> Result<Outcome, String> {
         let body = json!({
             "inputs": prompt,
             "parameters": {"max_new_tokens": max_tokens, "do_sample": false, "decoder_input_details": true},
         });
-        let resp = self.http.post(format!("{}/generate", self.base)).json(&body).send().await.map_err(|e| e.to_string())?;
+        let resp = self
+            .http
+            .post(format!("{}/generate", self.base))
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
         if !resp.status().is_success() {
             return Err(format!("HTTP {}", resp.status()));
         }
         let value: Value = resp.json().await.map_err(|e| e.to_string())?;
         let tokens = value["details"]["generated_tokens"].as_u64().unwrap_or(0) as u32;
-        Ok(Outcome { ttft: Some(started.elapsed()), tokens, ..Outcome::default() })
+        Ok(Outcome {
+            ttft: Some(started.elapsed()),
+            tokens,
+            ..Outcome::default()
+        })
     }
 }
 

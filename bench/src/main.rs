@@ -61,7 +61,9 @@ enum ApiArg {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let api = match args.api {
-        ApiArg::Sonde => Api::Sonde { prompt_logprobs: args.prompt_logprobs },
+        ApiArg::Sonde => Api::Sonde {
+            prompt_logprobs: args.prompt_logprobs,
+        },
         ApiArg::Openai => Api::OpenAi,
     };
     let client = Client::new(&args.url, api, Duration::from_secs(args.timeout))?;

@@ -49,12 +49,34 @@ impl Report {
     }
 
     pub fn print(&self, url: &str) {
-        println!("{url}: {} requests at concurrency {}, {:.1} s", self.requests, self.concurrency, self.wall_s);
-        println!("  generated tokens/s   {:10.1}   ({} tokens)", self.tokens_per_s, self.generated_tokens);
-        println!("  time to first token  p50 {:8.1} ms   p99 {:8.1} ms", self.ttft_p50_ms, self.ttft_p99_ms);
-        println!("  inter-token latency  p50 {:8.1} ms   p99 {:8.1} ms", self.itl_p50_ms, self.itl_p99_ms);
-        println!("  request latency      p50 {:8.1} ms   p99 {:8.1} ms", self.latency_p50_ms, self.latency_p99_ms);
-        println!("  failures             {}{}", self.failures, self.first_error.as_ref().map(|e| format!(" (first: {e})")).unwrap_or_default());
+        println!(
+            "{url}: {} requests at concurrency {}, {:.1} s",
+            self.requests, self.concurrency, self.wall_s
+        );
+        println!(
+            "  generated tokens/s   {:10.1}   ({} tokens)",
+            self.tokens_per_s, self.generated_tokens
+        );
+        println!(
+            "  time to first token  p50 {:8.1} ms   p99 {:8.1} ms",
+            self.ttft_p50_ms, self.ttft_p99_ms
+        );
+        println!(
+            "  inter-token latency  p50 {:8.1} ms   p99 {:8.1} ms",
+            self.itl_p50_ms, self.itl_p99_ms
+        );
+        println!(
+            "  request latency      p50 {:8.1} ms   p99 {:8.1} ms",
+            self.latency_p50_ms, self.latency_p99_ms
+        );
+        println!(
+            "  failures             {}{}",
+            self.failures,
+            self.first_error
+                .as_ref()
+                .map(|e| format!(" (first: {e})"))
+                .unwrap_or_default()
+        );
     }
 }
 

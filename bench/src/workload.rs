@@ -39,7 +39,10 @@ impl Workload {
                 format!("{}. {}", i + 1, all.join(" "))
             })
             .collect();
-        Self { prompts, max_tokens }
+        Self {
+            prompts,
+            max_tokens,
+        }
     }
 
     pub fn prompt(&self, i: usize) -> String {
@@ -49,7 +52,12 @@ impl Workload {
 
 /// `concurrency` clients share a counter of requests left; each sends its next request as
 /// soon as its previous one ended.
-pub async fn closed_loop(client: &Client, workload: &Workload, concurrency: usize, requests: usize) -> Vec<Outcome> {
+pub async fn closed_loop(
+    client: &Client,
+    workload: &Workload,
+    concurrency: usize,
+    requests: usize,
+) -> Vec<Outcome> {
     let next = Arc::new(AtomicUsize::new(0));
     let workers = (0..concurrency.max(1)).map(|_| {
         let next = next.clone();
@@ -64,5 +72,9 @@ pub async fn closed_loop(client: &Client, workload: &Workload, concurrency: usiz
             }
         }
     });
-    futures::future::join_all(workers).await.into_iter().flatten().collect()
+    futures::future::join_all(workers)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
 }
