@@ -69,7 +69,10 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::new(&args.url, api, Duration::from_secs(args.timeout))?;
     let workload = Workload::new(args.prompt_words, args.max_tokens);
     for i in 0..args.warmup {
-        let _ = client.run(&workload.prompt(i), args.max_tokens).await;
+        // Numbered after the measured requests, so none of them repeats a warmup prompt.
+        let _ = client
+            .run(&workload.prompt(args.requests + i), args.max_tokens)
+            .await;
     }
     let started = Instant::now();
     let results = workload::closed_loop(&client, &workload, args.concurrency, args.requests).await;

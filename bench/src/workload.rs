@@ -21,32 +21,44 @@ const TEXTS: &[&str] = &[
 pub struct Workload {
     prompts: Vec<String>,
     pub max_tokens: u32,
+    /// Differs between runs, so a second run does not meet the first one's prompts in a
+    /// server's cache either.
+    run: u32,
 }
 
 impl Workload {
-    /// Prompts of about `words` words: each text repeated and cut, numbered so no two are
-    /// equal (no prefix cache on either side can make one request cheaper).
+    /// Prompts of about `words` words: each text repeated and cut.
     pub fn new(words: usize, max_tokens: u32) -> Self {
         let prompts = TEXTS
             .iter()
-            .enumerate()
-            .map(|(i, text)| {
+            .map(|text| {
                 let mut all: Vec<&str> = Vec::new();
                 while all.len() < words {
                     all.extend(text.split_whitespace());
                 }
                 all.truncate(words.max(1));
-                format!("{}. {}", i + 1, all.join(" "))
+                all.join(" ")
             })
             .collect();
+        let run = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
         Self {
             prompts,
             max_tokens,
+            run,
         }
     }
 
+    /// Request `i`'s prompt, starting with its own number: no two requests share a prefix,
+    /// so a server's prompt cache (llama-server reuses the KV of a repeated prefix) cannot
+    /// make a request cheaper than real traffic would.
     pub fn prompt(&self, i: usize) -> String {
-        self.prompts[i % self.prompts.len()].clone()
+        format!(
+            "Request {}-{i}. {}",
+            self.run,
+            self.prompts[i % self.prompts.len()]
+        )
     }
 }
 
