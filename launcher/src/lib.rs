@@ -5,5 +5,6 @@
 pub mod args;
 pub mod child;
 pub mod config;
+pub mod liveness;
 pub mod model;
 pub mod supervisor;

@@ -1,13 +1,16 @@
 //! Starts the shards, waits until they answer, starts the router, and watches them all:
-//! a dead shard is restarted (bounded, with back-off), a dead router stops everything
-//! with an error, SIGTERM/SIGINT drain the router and then stop the shards.
+//! a dead shard is restarted (bounded, with back-off), a shard that stops answering its
+//! health check is killed and restarted the same way (`liveness.rs`), a dead router stops
+//! everything with an error, SIGTERM/SIGINT drain the router and then stop the shards.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal as Kill;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::child::{ChildSpec, Supervised};
+use crate::liveness::{self, Liveness};
 
 /// What the supervisor runs and how patiently.
 #[derive(Debug, Clone)]
@@ -55,6 +58,8 @@ pub enum SuperviseError {
 
 /// A shard that stayed up this long has its restart count forgiven.
 const HEALTHY_RESET: Duration = Duration::from_secs(300);
+/// Time one health check may take while a shard starts.
+const STARTUP_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time a shard gets to stop after SIGTERM.
 const SHARD_STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -81,6 +86,7 @@ pub async fn run(plan: Plan) -> Result<(), SuperviseError> {
     }
     tracing::info!("shards ready; starting the router");
     let mut router = spawn(&plan.router)?;
+    let mut liveness = Liveness::new(plan.shards.iter().map(|s| s.socket.clone()).collect());
     loop {
         tokio::select! {
             _ = stop_signal(&mut term, &mut int) => {
@@ -93,6 +99,17 @@ pub async fn run(plan: Plan) -> Result<(), SuperviseError> {
                 let lines = router.last_lines();
                 stop_shards(&mut shards).await;
                 return Err(SuperviseError::RouterDied { status, lines });
+            }
+            i = liveness.next_stuck() => {
+                // A hung shard never exits by itself; killed, it takes the restart path
+                // below like any other death (its requests already failed with 424 at the
+                // router's --shard-step-timeout).
+                let shard = &mut shards[i];
+                tracing::error!(shard = %shard.child.name, missed = liveness::MAX_MISSED,
+                    timeout_s = liveness::PROBE_TIMEOUT.as_secs(),
+                    "the shard does not answer its health checks; killing it to restart it");
+                shard.child.signal(Kill::SIGKILL);
+                liveness.reset(i);
             }
             (i, status) = any_exit(&mut shards) => {
                 let shard = &mut shards[i];
@@ -120,6 +137,7 @@ pub async fn run(plan: Plan) -> Result<(), SuperviseError> {
                 let shard = &mut shards[i];
                 shard.child = start_shard(&shard.plan, plan.startup_timeout).await?;
                 shard.started = Instant::now();
+                liveness.reset(i);
                 // The router notices by itself: its health check of the shard succeeds again.
             }
         }
@@ -157,7 +175,7 @@ async fn start_shard(plan: &ShardPlan, timeout: Duration) -> Result<Supervised, 
                 lines: child.last_lines(),
             });
         }
-        if plan.socket.exists() && healthy(&plan.socket).await {
+        if plan.socket.exists() && liveness::healthy(&plan.socket, STARTUP_PROBE_TIMEOUT).await {
             tracing::info!(shard = %child.name, "ready");
             return Ok(child);
         }
@@ -172,17 +190,6 @@ async fn start_shard(plan: &ShardPlan, timeout: Duration) -> Result<Supervised, 
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-async fn healthy(socket: &std::path::Path) -> bool {
-    let check = async {
-        let mut client = sonde_proto::connect_uds(socket).await.ok()?;
-        client.health(sonde_proto::HealthRequest {}).await.ok()
-    };
-    matches!(
-        tokio::time::timeout(Duration::from_secs(5), check).await,
-        Ok(Some(_))
-    )
 }
 
 /// The first shard to exit, with its index and status.

@@ -42,6 +42,9 @@ pub enum ApiError {
     /// An unknown route: 404.
     #[error("{0}")]
     NotFound(String),
+    /// A known route with another method: 405.
+    #[error("{0}")]
+    MethodNotAllowed(String),
     /// A bug of ours, never a client's mistake: 500.
     #[error("{0}")]
     Internal(String),
@@ -54,7 +57,7 @@ pub struct ErrorBody {
     pub error: String,
     /// `validation`, `generation`, `overloaded`, `healthcheck`, `unauthorized`,
     /// `malformed_json`, `unsupported_media_type`, `payload_too_large`,
-    /// `response_too_large`, `not_found` or `internal`.
+    /// `response_too_large`, `not_found`, `method_not_allowed` or `internal`.
     pub error_type: String,
 }
 
@@ -72,6 +75,7 @@ impl ApiError {
             ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Generation(_) => StatusCode::FAILED_DEPENDENCY,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -88,6 +92,7 @@ impl ApiError {
             ApiError::NotReady(_) => "healthcheck",
             ApiError::Generation(_) => "generation",
             ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -111,6 +116,7 @@ impl ApiError {
             | ApiError::NotReady(m)
             | ApiError::Generation(m)
             | ApiError::NotFound(m)
+            | ApiError::MethodNotAllowed(m)
             | ApiError::Internal(m) => m,
         }
     }

@@ -73,11 +73,23 @@ pub fn app(state: AppState) -> Result<Router, String> {
     let routes: Router<AppState> = inference.merge(open);
     Ok(Router::new()
         .merge(routes.clone())
+        // `nest` serves the compat route at `/invoke` but not at `/invoke/`.
+        .route("/invoke/", post(tgi::compat))
         .nest("/invoke", routes)
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(mw::track))
         .layer(DefaultBodyLimit::max(cfg.payload_limit))
         .with_state(state))
+}
+
+/// A known path with another method: the same envelope as every other error.
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError::MethodNotAllowed(format!(
+        "{} is not allowed on {}",
+        request.method(),
+        request.uri().path()
+    ))
 }
 
 async fn not_found(request: Request) -> ApiError {

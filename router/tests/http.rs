@@ -362,6 +362,23 @@ async fn bodies_that_are_not_json_requests() {
     assert!(error_text(&b).contains("top_k"), "{b}");
     let (s, b) = call(&app, get("/nowhere")).await;
     assert_error(s, &b, StatusCode::NOT_FOUND, "not_found");
+    // A known route with the wrong method gets the envelope too, under /invoke as well.
+    for path in ["/generate", "/invoke/generate"] {
+        let (s, b) = call(&app, get(path)).await;
+        assert_error(s, &b, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
+        assert!(error_text(&b).contains(path), "{b}");
+    }
+}
+
+/// Vertex forwards `/invoke/` with its trailing slash as it came: TGI's compat route.
+#[tokio::test]
+async fn invoke_root_with_a_trailing_slash_is_the_compat_route() {
+    let app = app(&FakeBackend::default());
+    for path in ["/invoke", "/invoke/"] {
+        let (s, b) = post_json(&app, path, gen(json!({"max_new_tokens": 2}))).await;
+        assert_eq!(s, StatusCode::OK, "{path}: {b}");
+        assert!(b[0]["generated_text"].is_string(), "{path}: {b}");
+    }
 }
 
 #[tokio::test]

@@ -29,7 +29,9 @@ use crate::validation::ValidGenerate;
 
 /// OpenAI chat completions, with `logprobs` and `top_logprobs`.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI", request_body = ChatRequest,
-    responses((status = 200, body = ChatResponse), (status = 422, body = ErrorBody)))]
+    responses((status = 200, description = "the answer, or with `stream: true` a text/event-stream of ChatChunk",
+               content((ChatResponse = "application/json"), (ChatChunk = "text/event-stream"))),
+              (status = 422, body = ErrorBody)))]
 pub async fn chat_completions(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<ChatRequest>,

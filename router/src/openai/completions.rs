@@ -27,7 +27,9 @@ use crate::validation::ValidGenerate;
 
 /// OpenAI completions, with `logprobs` (top-N per position) and `echo` (prompt scores).
 #[utoipa::path(post, path = "/v1/completions", tag = "OpenAI", request_body = CompletionRequest,
-    responses((status = 200, body = CompletionResponse), (status = 422, body = ErrorBody)))]
+    responses((status = 200, description = "the answer, or with `stream: true` a text/event-stream of CompletionResponse chunks",
+               content((CompletionResponse = "application/json"), (CompletionResponse = "text/event-stream"))),
+              (status = 422, body = ErrorBody)))]
 pub async fn completions(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<CompletionRequest>,

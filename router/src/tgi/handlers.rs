@@ -40,7 +40,8 @@ async fn generate_json(
 
 /// Generate tokens as Server-Sent Events, one per token; the last carries the text.
 #[utoipa::path(post, path = "/generate_stream", tag = "TGI", request_body = GenerateRequest,
-    responses((status = 200, description = "text/event-stream of StreamResponse", body = StreamResponse),
+    responses((status = 200, description = "text/event-stream of StreamResponse", body = StreamResponse,
+               content_type = "text/event-stream"),
               (status = 422, body = ErrorBody), (status = 429, body = ErrorBody)))]
 pub async fn generate_stream(
     State(state): State<AppState>,
@@ -51,7 +52,9 @@ pub async fn generate_stream(
 
 /// TGI's compat route: `stream: true` streams, else a JSON array with one answer.
 #[utoipa::path(post, path = "/", tag = "TGI", request_body = GenerateRequest,
-    responses((status = 200, body = Vec<GenerateResponse>), (status = 422, body = ErrorBody)))]
+    responses((status = 200, description = "one answer in an array, or with `stream: true` a text/event-stream of StreamResponse",
+               content((Vec<GenerateResponse> = "application/json"), (StreamResponse = "text/event-stream"))),
+              (status = 422, body = ErrorBody)))]
 pub async fn compat(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<GenerateRequest>,
