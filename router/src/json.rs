@@ -28,7 +28,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
 
 fn map_rejection(rejection: JsonRejection, payload_limit: usize) -> ApiError {
     match rejection {
-        JsonRejection::JsonDataError(e) => ApiError::Validation(strip_prefix(e.body_text())),
+        JsonRejection::JsonDataError(e) => ApiError::Validation(name_the_body(strip_prefix(e.body_text()))),
         JsonRejection::JsonSyntaxError(e) => {
             ApiError::MalformedJson(format!("the body is not valid JSON: {}", strip_prefix(e.body_text())))
         }
@@ -56,4 +56,17 @@ fn strip_prefix(text: String) -> String {
         }
     }
     text
+}
+
+/// serde names no field when the body itself has the wrong shape (`null`, `5`, `[]`); say
+/// that it is the body (found by tests/props.rs).
+fn name_the_body(text: String) -> String {
+    let has_path = text.split_once(": ").is_some_and(|(p, _)| {
+        !p.is_empty() && p.chars().all(|c| c.is_alphanumeric() || "_.[]".contains(c))
+    });
+    if !has_path && text.contains("expected struct") {
+        format!("the request body must be a JSON object: {text}")
+    } else {
+        text
+    }
 }

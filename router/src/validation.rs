@@ -231,10 +231,12 @@ fn check_parameters(p: &GenerateParameters, l: &ValidationLimits) -> Result<(), 
             ));
         }
     }
+    // The shard samples in f32, so each value is checked as it will arrive there: 1e-300
+    // would become 0 and 1e300 infinity (found by tests/props.rs).
     if let Some(t) = p.temperature {
-        if !t.is_finite() || t <= 0.0 {
+        if !positive_f32(t) {
             return Err(invalid!(
-                "`temperature` must be a finite number > 0, got {t}"
+                "`temperature` must be a finite number > 0 (as a 32-bit float), got {t}"
             ));
         }
     }
@@ -245,17 +247,17 @@ fn check_parameters(p: &GenerateParameters, l: &ValidationLimits) -> Result<(), 
     }
     for (name, value) in [("top_p", p.top_p), ("typical_p", p.typical_p)] {
         if let Some(x) = value {
-            if !(x > 0.0 && x <= 1.0) {
+            if !(positive_f32(x) && x <= 1.0) {
                 return Err(invalid!(
-                    "`{name}` must be > 0 and <= 1.0 (1.0 is off), got {x}"
+                    "`{name}` must be > 0 (as a 32-bit float) and <= 1.0 (1.0 is off), got {x}"
                 ));
             }
         }
     }
     if let Some(x) = p.repetition_penalty {
-        if !x.is_finite() || x <= 0.0 {
+        if !positive_f32(x) {
             return Err(invalid!(
-                "`repetition_penalty` must be a finite number > 0, got {x}"
+                "`repetition_penalty` must be a finite number > 0 (as a 32-bit float), got {x}"
             ));
         }
     }
@@ -316,6 +318,12 @@ fn check_parameters(p: &GenerateParameters, l: &ValidationLimits) -> Result<(), 
         ));
     }
     Ok(())
+}
+
+/// Whether `x` is still a finite number above 0 once the shard receives it as an f32.
+fn positive_f32(x: f64) -> bool {
+    let x = x as f32;
+    x.is_finite() && x > 0.0
 }
 
 fn check_stop(stop: &[String], l: &ValidationLimits) -> Result<(), ApiError> {

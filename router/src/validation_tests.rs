@@ -142,7 +142,8 @@ fn the_kv_budget_bounds_a_request() {
 
 #[test]
 fn temperature_must_be_finite_and_positive() {
-    for t in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+    // 1e-300 and 1e300 are finite and positive as f64, but 0 and infinity as the shard's f32.
+    for t in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e-300, 1e300] {
         let e = err_with(with!(temperature: Some(t)));
         assert!(e.contains("`temperature`"), "{t}: {e}");
     }
@@ -160,6 +161,12 @@ fn top_p_one_is_off_and_above_one_is_refused() {
         ("top_p", with!(top_p: Some(1.5))),
         ("top_p", with!(top_p: Some(0.0))),
         ("typical_p", with!(typical_p: Some(1.5))),
+        ("top_p", with!(top_p: Some(1e-300))),
+        (
+            "repetition_penalty",
+            with!(repetition_penalty: Some(1e-300)),
+        ),
+        ("repetition_penalty", with!(repetition_penalty: Some(1e300))),
     ] {
         assert!(err_with(p).contains(&format!("`{name}`")));
     }

@@ -360,6 +360,12 @@ async fn bodies_that_are_not_json_requests() {
     let (s, b) = post_json(&app, "/generate", gen(json!({"top_k": "x"}))).await;
     assert_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, "validation");
     assert!(error_text(&b).contains("top_k"), "{b}");
+    // A body of the wrong shape names the body (serde alone names only a Rust type).
+    for body in [json!(null), json!([]), json!(5)] {
+        let (s, b) = post_json(&app, "/generate", body).await;
+        assert_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        assert!(error_text(&b).contains("body must be a JSON object"), "{b}");
+    }
     let (s, b) = call(&app, get("/nowhere")).await;
     assert_error(s, &b, StatusCode::NOT_FOUND, "not_found");
     // A known route with the wrong method gets the envelope too, under /invoke as well.
