@@ -8,7 +8,10 @@ mod client;
 mod report;
 mod workload;
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use anyhow::Context;
 
 use clap::{Parser, ValueEnum};
 
@@ -37,6 +40,13 @@ struct Args {
     /// Approximate prompt length in words (the prompts are fixed texts cut to this length).
     #[arg(long, default_value_t = 32)]
     prompt_words: usize,
+    /// Exact prompt length in tokens of the model's tokenizer (needs --tokenizer; overrides
+    /// --prompt-words): the same token count on every server.
+    #[arg(long, requires = "tokenizer")]
+    prompt_tokens: Option<usize>,
+    /// The served model's GGUF file or Hugging Face folder, for --prompt-tokens.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
     /// Sonde only: also score the prompt (`decoder_input_details`, non-streamed).
     #[arg(long)]
     prompt_logprobs: bool,
@@ -67,7 +77,14 @@ async fn main() -> anyhow::Result<()> {
         ApiArg::Openai => Api::OpenAi,
     };
     let client = Client::new(&args.url, api, Duration::from_secs(args.timeout))?;
-    let workload = Workload::new(args.prompt_words, args.max_tokens);
+    let workload = match (args.prompt_tokens, &args.tokenizer) {
+        (Some(tokens), Some(path)) => Workload::new(2 * tokens, args.max_tokens).exact_tokens(
+            &load_tokenizer(path)?,
+            tokens,
+            args.requests + args.warmup,
+        )?,
+        _ => Workload::new(args.prompt_words, args.max_tokens),
+    };
     for i in 0..args.warmup {
         // Numbered after the measured requests, so none of them repeats a warmup prompt.
         let _ = client
@@ -83,4 +100,13 @@ async fn main() -> anyhow::Result<()> {
         report.print(&args.url);
     }
     Ok(())
+}
+
+fn load_tokenizer(path: &Path) -> anyhow::Result<sonde_tokenizer::ModelTokenizer> {
+    let tokenizer = if path.is_dir() {
+        sonde_tokenizer::ModelTokenizer::from_hf_dir(path)
+    } else {
+        sonde_tokenizer::ModelTokenizer::from_gguf_file(path)
+    };
+    tokenizer.with_context(|| format!("loading the tokenizer of {}", path.display()))
 }

@@ -3,6 +3,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use anyhow::bail;
+use sonde_tokenizer::ModelTokenizer;
+
 use crate::client::{Client, Outcome};
 
 /// Public-domain opening lines, so prompts are real text (tokenizers behave as on real
@@ -20,6 +23,8 @@ const TEXTS: &[&str] = &[
 
 pub struct Workload {
     prompts: Vec<String>,
+    /// With an exact token count: every request's whole prompt, by request number.
+    exact: Vec<String>,
     pub max_tokens: u32,
     /// Differs between runs, so a second run does not meet the first one's prompts in a
     /// server's cache either.
@@ -45,15 +50,50 @@ impl Workload {
             .map_or(0, |d| d.subsec_nanos());
         Self {
             prompts,
+            exact: Vec::new(),
             max_tokens,
             run,
         }
+    }
+
+    /// Cuts the prompts of requests `0..count` to exactly `tokens` tokens of `tokenizer`
+    /// (the served model's: the count a server sees), at token boundaries. The texts must
+    /// be long enough: build the workload with about twice as many words as tokens.
+    pub fn exact_tokens(
+        mut self,
+        tokenizer: &ModelTokenizer,
+        tokens: usize,
+        count: usize,
+    ) -> anyhow::Result<Self> {
+        let mut exact = Vec::with_capacity(count);
+        for i in 0..count {
+            let full = self.prompt(i);
+            let spans = tokenizer.encode_with_offsets(&full, false)?;
+            let Some(last) = spans.get(tokens.saturating_sub(1)) else {
+                bail!("prompt {i} has {} tokens, fewer than {tokens}", spans.len());
+            };
+            let mut text = full[..last.stop].to_string();
+            // A cut can merge differently than the whole text did; drop what is over.
+            while tokenizer.encode(&text, false)?.len() > tokens {
+                text.pop();
+            }
+            let got = tokenizer.encode(&text, false)?.len();
+            if got != tokens {
+                bail!("prompt {i} cut to {tokens} tokens re-encodes to {got}");
+            }
+            exact.push(text);
+        }
+        self.exact = exact;
+        Ok(self)
     }
 
     /// Request `i`'s prompt, starting with its own number: no two requests share a prefix,
     /// so a server's prompt cache (llama-server reuses the KV of a repeated prefix) cannot
     /// make a request cheaper than real traffic would.
     pub fn prompt(&self, i: usize) -> String {
+        if let Some(p) = self.exact.get(i) {
+            return p.clone();
+        }
         format!(
             "Request {}-{i}. {}",
             self.run,

@@ -54,6 +54,23 @@ impl EngineHandle {
 }
 
 fn run_engine(mut engine: Engine, rx: std_mpsc::Receiver<Command>) {
+    // The engine thread becomes worker 0 of the pool its kernels split work over, so a
+    // parallel matmul is a work-stealing `join` from inside the pool rather than a job
+    // injected from outside it: outside, every one of a decode step's ~150 parallel
+    // products put this thread to sleep on a lock and woke it again (a quarter of a
+    // single-stream step went to futex waits and context switches). The pool has one
+    // thread per CPU in all, this one included.
+    let _pool = match rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("sonde-engine-{i}"))
+        .use_current_thread()
+        .build()
+    {
+        Ok(pool) => Some(pool),
+        Err(e) => {
+            tracing::warn!("engine thread pool: {e}; using rayon's global pool");
+            None
+        }
+    };
     while let Ok(cmd) = rx.recv() {
         // A reply whose caller went away (client disconnected) is simply dropped.
         match cmd {

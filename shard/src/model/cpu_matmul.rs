@@ -9,33 +9,38 @@
 //! # The arithmetic of one output (the batch-invariance contract)
 //!
 //! Output `(row, col)` is `Σ_i x[row][i] · w[col][i]` computed as follows, and only so:
-//! 16 f32 lanes start at `0.0`; for `i = 0, 1, …, k-1` in order, lane `i % 16` does
-//! `acc = fma(x_i, w_i, acc)`; the lanes then fold by a fixed tree (`v[l] += v[l + 8]`,
-//! then `+4`, `+2`, `+1`). Nothing in that sequence depends on the number of rows, on
-//! the other rows, on how columns are grouped or split across threads, or on the CPU:
-//! every kernel variant does exactly these per-lane fused multiply-adds (AVX-512 and
-//! AVX2 with FMA instructions, the portable one with `f32::mul_add`, which is the same
-//! single rounding on every target), and the weights are bit-identical to candle's
-//! dequantization. Threads split the *columns*; one thread computes each output
-//! entirely. So a row's scores are the same alone or in any batch, on any x86 or ARM.
+//! one f32 accumulator starts at `0.0`; for each block of 32 inputs in order, for
+//! `j = 0..16`, it does `acc = fma(x_j, w_j, acc)` then `acc = fma(x_{j+16}, w_{j+16},
+//! acc)` (the order in which a ggml block stores its inputs: `j` and `j + 16` share a
+//! byte). Nothing in that sequence depends on the number of rows, on the other rows, on
+//! how columns are grouped or split across threads, or on the CPU: every kernel variant
+//! does exactly these fused multiply-adds (AVX-512 and AVX2 with FMA instructions, the
+//! portable one with `f32::mul_add`, which is the same single rounding on every target),
+//! and the weights are bit-identical to candle's dequantization. Vector lanes hold
+//! *columns*, never parts of one sum, so there is no lane reduction to order; threads
+//! split the columns, and one thread computes each output entirely. So a row's scores
+//! are the same alone or in any batch, on any x86 or ARM.
 //!
 //! # Speed
 //!
-//! Threads take ranges of columns (rayon; small products stay on the calling thread)
-//! and write their sums straight into the output rows. Within a range, a group of `C`
-//! weight columns is dequantized once into a small buffer and every activation row is
-//! swept over it, `R` rows at a time, so weight reads and dequantization are shared by
-//! the whole batch and each weight load feeds `R` FMAs; the `C * R` accumulators are
-//! independent FMA chains. Long prompts go in L2-sized pieces of columns and rows. A
-//! single row (decode) skips the buffer and dequantizes straight into registers. The
-//! kernel is written once (`kernel`), generic over a 16-lane vector type (`simd`), and
-//! instantiated inside `#[target_feature]` functions (AVX-512: `C = 4, R = 4`, one row
-//! 8 columns; AVX2+FMA: `C = 4, R = 1`; portable) chosen once per process at run time,
-//! so the default x86-64 build still gets wide vectors; everything below those
-//! functions must inline into them (see `simd`, "Inlining"). (Explicit intrinsics
-//! rather than auto-vectorisation: LLVM vectorised the nibble unpacking across blocks
-//! instead of within one, several times slower, and did not keep 16 accumulators in
-//! registers.)
+//! At load, the blocks of 16 adjacent columns at the same 32 inputs are interleaved into
+//! a tile (`blocks`), so one vector op dequantizes one input of 16 columns and the
+//! scales are vectors too. The kernel (`kernel`) takes `R` rows against `C` tiles: each
+//! dequantized weight vector feeds `R` FMAs, each activation (broadcast from memory)
+//! `C`, and the `R * C` accumulators are independent FMA chains (AVX-512: 8 rows x 2
+//! tiles, a single row 8 tiles; AVX2+FMA: 2 x 2, one row 4 tiles). Rows go in L2-sized
+//! pieces; threads (rayon; small products stay on the calling thread) take ranges of
+//! tile columns and write their sums straight into the output rows. The kernel is
+//! written once, generic over a 16-lane vector type (`simd`), and instantiated inside
+//! `#[target_feature]` functions chosen once per process at run time, so the default
+//! x86-64 build still gets wide vectors; everything below those functions must inline
+//! into them (see `simd`, "Inlining"). (Explicit intrinsics rather than
+//! auto-vectorisation: LLVM vectorised the nibble unpacking across blocks instead of
+//! within one, several times slower, and did not keep the accumulators in registers.)
+//!
+//! An earlier layout (16 lanes splitting one dot product, folded at the end) needed a
+//! horizontal reduction per output and a per-block scalar broadcast of the scales; at a
+//! batch of 16 it reached about a third of the FMA peak, this layout about twice that.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Storage, Tensor};
@@ -47,12 +52,12 @@ mod simd;
 #[cfg(test)]
 mod tests;
 
-use blocks::{Block, F32x32, Q4_0, Q4_1, Q8_0};
+use blocks::{tiles, Tile, F32, Q4_0, Q4_1, Q8_0, TILE};
 use kernel::{columns, isa, Isa};
 
 /// Weights per ggml block (the same for Q4_0, Q4_1 and Q8_0).
 const QK: usize = 32;
-/// Accumulator lanes per output: element `i` of the dot product goes to lane `i % LANES`.
+/// f32 lanes of the kernel's vectors: one per column of a tile.
 const LANES: usize = 16;
 /// Below this many multiply-adds a task is not worth handing to another thread. (Not
 /// higher: the engine thread waits outside the rayon pool while the pool works, and a
@@ -61,19 +66,19 @@ const LANES: usize = 16;
 const MIN_TASK_MACS: usize = 1 << 17;
 /// Tasks per thread to aim for, so uneven progress evens out.
 const TASKS_PER_THREAD: usize = 4;
-/// Columns per task are a multiple of this (the widest column group), so groups are
-/// only padded at the very end of the matrix. Speed only: padding changes no result.
-const COL_ALIGN: usize = 8;
+/// Columns per task are a multiple of this (two tiles, the group a batch takes at a
+/// time), so tiles are only padded at the very end of the matrix. Speed only.
+const COL_ALIGN: usize = 2 * TILE;
 
-/// Sixteen consecutive weights or activations: one element per accumulator lane.
+/// One vector's worth of f32: a lane per column of a tile.
 type Half = [f32; LANES];
 
 #[derive(Clone)]
-enum Blocks {
+enum Tiles {
     Q4_0(Vec<Q4_0>),
     Q4_1(Vec<Q4_1>),
     Q8_0(Vec<Q8_0>),
-    F32(Vec<F32x32>),
+    F32(Vec<F32>),
 }
 
 /// A quantized weight matrix `[n, k]` (n outputs, k inputs) multiplied on the CPU by
@@ -82,8 +87,8 @@ enum Blocks {
 pub struct CpuQuantMatrix {
     n: usize,
     k: usize,
-    /// Row-major: column `j`'s `k / 32` blocks are `blocks[j*nb .. (j+1)*nb]`.
-    blocks: Blocks,
+    /// Tile column `g` (columns `16 g ..`) has its `k / 32` tiles at `g * k / 32 ..`.
+    tiles: Tiles,
 }
 
 impl std::fmt::Debug for CpuQuantMatrix {
@@ -98,30 +103,23 @@ impl std::fmt::Debug for CpuQuantMatrix {
     }
 }
 
-fn parse_blocks<B: Block>(data: &[u8], count: usize) -> Option<Vec<B>> {
-    if data.len() != count * B::RAW_BYTES {
-        return None;
-    }
-    Some(data.chunks_exact(B::RAW_BYTES).map(B::parse).collect())
-}
-
 impl CpuQuantMatrix {
     /// Takes a 2-D Q4_0, Q4_1 or Q8_0 tensor `[n, k]` with `k` a multiple of 32; `None`
-    /// for anything else (the caller keeps candle's `QMatMul` for it). The blocks are
-    /// copied as they are, only their f16 scales widened to f32.
+    /// for anything else (the caller keeps candle's `QMatMul` for it). The quants are
+    /// kept as stored, only regrouped into tiles and their f16 scales widened to f32.
     pub fn from_qtensor(t: &QTensor) -> Option<Self> {
         let (n, k) = t.shape().dims2().ok()?;
         if k == 0 || !k.is_multiple_of(QK) {
             return None;
         }
-        let count = n * (k / QK);
-        let blocks = match t.dtype() {
-            GgmlDType::Q4_0 => Blocks::Q4_0(parse_blocks(&t.data().ok()?, count)?),
-            GgmlDType::Q4_1 => Blocks::Q4_1(parse_blocks(&t.data().ok()?, count)?),
-            GgmlDType::Q8_0 => Blocks::Q8_0(parse_blocks(&t.data().ok()?, count)?),
+        let nb = k / QK;
+        let tiles = match t.dtype() {
+            GgmlDType::Q4_0 => Tiles::Q4_0(tiles(&t.data().ok()?, n, nb)?),
+            GgmlDType::Q4_1 => Tiles::Q4_1(tiles(&t.data().ok()?, n, nb)?),
+            GgmlDType::Q8_0 => Tiles::Q8_0(tiles(&t.data().ok()?, n, nb)?),
             _ => return None,
         };
-        Some(CpuQuantMatrix { n, k, blocks })
+        Some(CpuQuantMatrix { n, k, tiles })
     }
 
     /// A dense f32 `[n, k]` CPU matrix (k a multiple of 32), multiplied with the same
@@ -131,15 +129,18 @@ impl CpuQuantMatrix {
         if k == 0 || !k.is_multiple_of(QK) || t.dtype() != DType::F32 || !t.device().is_cpu() {
             return None;
         }
-        let rows = t.to_vec2::<f32>().ok()?;
-        let blocks = rows
+        let bytes: Vec<u8> = t
+            .flatten_all()
+            .ok()?
+            .to_vec1::<f32>()
+            .ok()?
             .iter()
-            .flat_map(|row| row.chunks_exact(QK).map(F32x32::from_row_chunk))
+            .flat_map(|w| w.to_le_bytes())
             .collect();
         Some(CpuQuantMatrix {
             n,
             k,
-            blocks: Blocks::F32(blocks),
+            tiles: Tiles::F32(tiles(&bytes, n, k / QK)?),
         })
     }
 
@@ -150,11 +151,11 @@ impl CpuQuantMatrix {
 
     /// The storage name: "q4_0", "q4_1", "q8_0" or "f32".
     pub fn dtype_name(&self) -> &'static str {
-        match self.blocks {
-            Blocks::Q4_0(_) => "q4_0",
-            Blocks::Q4_1(_) => "q4_1",
-            Blocks::Q8_0(_) => "q8_0",
-            Blocks::F32(_) => "f32",
+        match self.tiles {
+            Tiles::Q4_0(_) => "q4_0",
+            Tiles::Q4_1(_) => "q4_1",
+            Tiles::Q8_0(_) => "q8_0",
+            Tiles::F32(_) => "f32",
         }
     }
 
@@ -204,16 +205,17 @@ impl CpuQuantMatrix {
     /// `x`: `m` rows of `k` → `m` rows of `n`, row-major. `cols_per_task` overrides the
     /// split (tests use it to show the split changes nothing).
     fn matmul(&self, x: &[f32], m: usize, isa: Isa, cols_per_task: Option<usize>) -> Vec<f32> {
-        let (x, _) = x.as_chunks::<LANES>();
         let (n, nb) = (self.n, self.k / QK);
-        debug_assert_eq!(x.len(), m * 2 * nb);
+        debug_assert_eq!(x.len(), m * self.k);
         let mut out = vec![0f32; m * n];
         if m == 0 || n == 0 {
             return out;
         }
+        // Tasks start on tile boundaries.
         let cols = cols_per_task
             .unwrap_or_else(|| self.cols_per_task(m))
-            .max(1);
+            .max(1)
+            .next_multiple_of(TILE);
         // Task `t` computes the columns `t*cols ..` of every row: it gets those `m`
         // pieces of `out` and writes the sums straight into them.
         let mut tasks: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(cols))
@@ -224,11 +226,11 @@ impl CpuQuantMatrix {
                 task.push(piece);
             }
         }
-        match &self.blocks {
-            Blocks::Q4_0(b) => run_tasks(b, nb, x, cols, tasks, isa),
-            Blocks::Q4_1(b) => run_tasks(b, nb, x, cols, tasks, isa),
-            Blocks::Q8_0(b) => run_tasks(b, nb, x, cols, tasks, isa),
-            Blocks::F32(b) => run_tasks(b, nb, x, cols, tasks, isa),
+        match &self.tiles {
+            Tiles::Q4_0(t) => run_tasks(t, nb, x, cols, tasks, isa),
+            Tiles::Q4_1(t) => run_tasks(t, nb, x, cols, tasks, isa),
+            Tiles::Q8_0(t) => run_tasks(t, nb, x, cols, tasks, isa),
+            Tiles::F32(t) => run_tasks(t, nb, x, cols, tasks, isa),
         }
         out
     }
@@ -248,18 +250,19 @@ impl CpuQuantMatrix {
 }
 
 /// Runs the tasks, in parallel when there is more than one: task `t` computes the
-/// columns `t*cols ..` (`blocks.len() / nb` columns in all) into its row pieces.
-fn run_tasks<B: Block>(
-    blocks: &[B],
+/// columns `t*cols ..` (a multiple of 16; `tiles.len() / nb` tile columns in all) into
+/// its row pieces.
+fn run_tasks<T: Tile>(
+    tiles: &[T],
     nb: usize,
-    x: &[Half],
+    x: &[f32],
     cols: usize,
     tasks: Vec<Vec<&mut [f32]>>,
     isa: Isa,
 ) {
     let task = |(t, mut rows): (usize, Vec<&mut [f32]>)| {
-        let (j0, ct) = (t * cols, rows[0].len());
-        columns(&blocks[j0 * nb..(j0 + ct) * nb], nb, x, &mut rows, isa);
+        let (g0, gs) = (t * cols / TILE, rows[0].len().div_ceil(TILE));
+        columns(&tiles[g0 * nb..(g0 + gs) * nb], nb, x, &mut rows, isa);
     };
     if tasks.len() == 1 {
         tasks.into_iter().enumerate().for_each(task);

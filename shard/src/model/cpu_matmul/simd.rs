@@ -33,21 +33,8 @@ pub(super) trait Simd: Copy + Send + Sync {
     fn nibbles(self, q: &[u8; 16]) -> [Self::V; 2];
     /// `q` read as i8: bytes 0..16 and 16..32, as f32.
     fn signed_bytes(self, q: &[u8; 32]) -> [Self::V; 2];
-    /// The sum of the lanes by the fixed tree of [`fold_lanes`], bit for bit.
-    fn fold(self, v: Self::V) -> f32;
-}
-
-/// The fixed lane reduction: 16 → 8 → 4 → 2 → 1 by `v[l] += v[l + width]`.
-#[inline(always)]
-pub(super) fn fold_lanes(mut v: Half) -> f32 {
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            v[l] += v[l + width];
-        }
-        width /= 2;
-    }
-    v[0]
+    /// 16 f16 (as bits) widened to f32, exactly.
+    fn f16s(self, h: &[u16; 16]) -> Self::V;
 }
 
 /// Plain Rust, for any CPU. On x86 without FMA `f32::mul_add` is a (slow, correctly
@@ -100,8 +87,8 @@ impl Simd for Portable {
         ]
     }
     #[inline(always)]
-    fn fold(self, v: Half) -> f32 {
-        fold_lanes(v)
+    fn f16s(self, h: &[u16; 16]) -> Half {
+        std::array::from_fn(|l| half::f16::from_bits(h[l]).to_f32())
     }
 }
 
@@ -122,16 +109,18 @@ mod x86 {
 
     impl Avx2 {
         pub(in super::super) fn detect() -> Option<Self> {
-            (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
-                .then_some(Avx2 { _checked: () })
+            (is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c"))
+            .then_some(Avx2 { _checked: () })
         }
     }
 
     // SAFETY (every `unsafe` block in the `Avx2` impls): an `Avx2` exists only if
-    // `detect` saw AVX2 and FMA on this CPU (or an `Avx512`, which implies them, made
-    // it), so the intrinsics' instructions are available; every pointer is derived from
-    // a reference to an array long enough for the access (8 f32 at offset 0 or 8 of a
-    // 16-f32 array; 16 or 8 bytes of a 16- or 8-byte array), and the `loadu`/`storeu`
+    // `detect` saw AVX2, FMA and F16C on this CPU, so the intrinsics' instructions are
+    // available; every pointer is derived from a reference to an array long enough for
+    // the access (8 f32 at offset 0 or 8 of a 16-f32 array; 8 u16 at offset 0 or 8 of a
+    // 16-u16 array; 16 or 8 bytes of a 16- or 8-byte array), and the `loadu`/`storeu`
     // forms need no alignment.
     impl Avx2 {
         /// Bytes 0..8 and 8..16 of `b`, zero-extended, as f32.
@@ -149,18 +138,6 @@ mod x86 {
         #[inline(always)]
         fn i8x8(self, q: &[u8; 8]) -> __m256 {
             unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().cast()))) }
-        }
-
-        /// The last three levels of the fixed tree (8 → 4 → 2 → 1), `v[l] + v[l + w]`
-        /// as [`super::fold_lanes`] adds them.
-        #[inline(always)]
-        fn fold8(self, v: __m256) -> f32 {
-            unsafe {
-                let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-                let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-                let v = _mm_add_ss(v, _mm_movehdup_ps(v));
-                _mm_cvtss_f32(v)
-            }
         }
     }
 
@@ -226,9 +203,13 @@ mod x86 {
             ]
         }
         #[inline(always)]
-        fn fold(self, v: Self::V) -> f32 {
-            // 16 → 8: lane `l` of the low half plus lane `l` of the high half.
-            self.fold8(unsafe { _mm256_add_ps(v[0], v[1]) })
+        fn f16s(self, h: &[u16; 16]) -> Self::V {
+            unsafe {
+                [
+                    _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(8).cast())),
+                ]
+            }
         }
     }
 
@@ -246,12 +227,6 @@ mod x86 {
             .then_some(Avx512 { _checked: () })
         }
 
-        /// `detect` checked AVX2 and FMA too.
-        #[inline(always)]
-        fn avx2(self) -> Avx2 {
-            Avx2 { _checked: () }
-        }
-
         /// `q` read as i8, as f32.
         #[inline(always)]
         fn i8x16(self, q: &[u8; 16]) -> __m512 {
@@ -262,7 +237,7 @@ mod x86 {
 
     // SAFETY (every `unsafe` block in this impl): an `Avx512` exists only if `detect`
     // saw AVX-512F, AVX2 and FMA on this CPU; pointers come from references to arrays
-    // of at least the 64 bytes (16 f32) or 16 bytes read or written; `loadu`/`storeu`
+    // of at least the 64 bytes (16 f32), 32 bytes (16 u16) or 16 bytes read or written; `loadu`/`storeu`
     // need no alignment.
     impl Simd for Avx512 {
         type V = __m512;
@@ -313,16 +288,8 @@ mod x86 {
             [self.i8x16(&q[0]), self.i8x16(&q[1])]
         }
         #[inline(always)]
-        fn fold(self, v: Self::V) -> f32 {
-            // 16 → 8: lanes 0..8 plus lanes 8..16 (moved down by a 128-bit shuffle).
-            // With 512-bit instructions, not a 256-bit extract: only AVX-512VL could
-            // extract from registers 16..31, and the accumulators must be free to use
-            // all 32 (without it, the register allocator spills them in the hot loop).
-            let v = unsafe {
-                let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(v, v);
-                _mm512_castps512_ps256(_mm512_add_ps(v, hi))
-            };
-            self.avx2().fold8(v)
+        fn f16s(self, h: &[u16; 16]) -> Self::V {
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr().cast())) }
         }
     }
 }
