@@ -33,7 +33,14 @@ pub struct Outcome {
 
 impl Client {
     pub fn new(url: &str, api: Api, timeout: Duration) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder().timeout(timeout).build()?;
+        // A fresh connection per request: llama-server closes idle keep-alive connections
+        // in a way a pooled client only finds out about when its next request fails
+        // ("error sending request"), which counted as failures against it. A loopback
+        // connect costs both servers the same fraction of a millisecond.
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .pool_max_idle_per_host(0)
+            .build()?;
         Ok(Self {
             http,
             base: url.trim_end_matches('/').to_string(),
