@@ -59,10 +59,7 @@ use kernel::{columns, isa, Isa};
 const QK: usize = 32;
 /// f32 lanes of the kernel's vectors: one per column of a tile.
 const LANES: usize = 16;
-/// Below this many multiply-adds a task is not worth handing to another thread. (Not
-/// higher: the engine thread waits outside the rayon pool while the pool works, and a
-/// decode step's small products ran no faster end to end kept on that thread, next to
-/// workers still spinning from the previous parallel op.)
+/// Below this many multiply-adds a task is not worth handing to another thread.
 const MIN_TASK_MACS: usize = 1 << 17;
 /// Tasks per thread to aim for, so uneven progress evens out.
 const TASKS_PER_THREAD: usize = 4;
