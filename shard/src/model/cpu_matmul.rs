@@ -1,30 +1,44 @@
-//! Exact, batch-invariant CPU matmul for ggml Q4_0 / Q4_1 / Q8_0 weights.
+//! Exact, batch-invariant CPU matmul for weights in their ggml blocks (Q4_0, Q4_1, Q5_0,
+//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) and dense (F32, F16, BF16).
 //!
 //! candle's `QMatMul` quantizes the *activations* to 8 bits before its integer dot
 //! products. That costs up to ~1 nat of log-probability against a float64 reference,
 //! too much for a server that sells exact scores. Here the f32 activations meet the
-//! weights exactly as ggml dequantizes them (`w = d*q` for Q4_0/Q8_0, `w = d*q + m` for
-//! Q4_1), so each output is the float64 dot product up to f32 rounding.
+//! weights exactly as ggml dequantizes them (bit for bit candle's `to_float`), so each
+//! output is the float64 dot product up to f32 rounding.
 //!
 //! # The arithmetic of one output (the batch-invariance contract)
 //!
 //! Output `(row, col)` is `Σ_i x[row][i] · w[col][i]` computed as follows, and only so:
-//! one f32 accumulator starts at `0.0`; for each block of 32 inputs in order, for
-//! `j = 0..16`, it does `acc = fma(x_j, w_j, acc)` then `acc = fma(x_{j+16}, w_{j+16},
-//! acc)` (the order in which a ggml block stores its inputs: `j` and `j + 16` share a
-//! byte). Nothing in that sequence depends on the number of rows, on the other rows, on
-//! how columns are grouped or split across threads, or on the CPU: every kernel variant
-//! does exactly these fused multiply-adds (AVX-512 and AVX2 with FMA instructions, the
-//! portable one with `f32::mul_add`, which is the same single rounding on every target),
-//! and the weights are bit-identical to candle's dequantization. Vector lanes hold
+//! one f32 accumulator starts at `0.0` and takes `acc = fma(x_i, w_i, acc)` for the
+//! inputs `i` in this order, block after block (`a, b` = `a` then `b`):
+//!
+//! | format | block | order within a block | weight `w_i` (as candle's `to_float`) |
+//! |---|---|---|---|
+//! | Q4_0 | 32 | `j = 0..16`: `j, j+16` | `(q - 8) · d` |
+//! | Q4_1 | 32 | same | `fma(q, d, m)` = `q·d + m` |
+//! | Q5_0 | 32 | same | `(q5 - 16) · d` |
+//! | Q5_1 | 32 | same | `fma(q5, d, m)` |
+//! | Q8_0 | 32 | same | `q · d` |
+//! | F32, F16, BF16 | 32 | same | the weight, widened exactly |
+//! | Q4_K, Q5_K | 256 | for each 64 `g`: `l = 0..32`: `64g+l, 64g+32+l` | `fma(q, d·sc, -(dmin·m))` |
+//! | Q6_K | 256 | for each 128 `h`: `j = 0..64`: `128h+j, 128h+j+64` | `(d·sc) · (q6 - 32)` |
+//!
+//! (Each pair of a block's order is the two inputs ggml keeps in one byte or at one
+//! offset; `blocks` says why each weight rounds exactly as candle's.) Nothing in that
+//! sequence depends on the number of rows, on the other rows, on how columns are grouped
+//! or split across threads, or on the CPU: every kernel variant does exactly these fused
+//! multiply-adds (AVX-512 and AVX2 with FMA instructions, the portable one with
+//! `f32::mul_add`, which is the same single rounding on every target). Vector lanes hold
 //! *columns*, never parts of one sum, so there is no lane reduction to order; threads
 //! split the columns, and one thread computes each output entirely. So a row's scores
 //! are the same alone or in any batch, on any x86 or ARM.
 //!
 //! # Speed
 //!
-//! At load, the blocks of 16 adjacent columns at the same 32 inputs are interleaved into
-//! a tile (`blocks`), so one vector op dequantizes one input of 16 columns and the
+//! At load, the blocks of 16 adjacent columns at the same inputs are interleaved into a
+//! tile (`blocks`), keeping the quants' and scales' bytes (the bytes a decode step
+//! streams are its cost), so one vector op dequantizes one input of 16 columns and the
 //! scales are vectors too. The kernel (`kernel`) takes `R` rows against `C` tiles: each
 //! dequantized weight vector feeds `R` FMAs, each activation (broadcast from memory)
 //! `C`, and the `R * C` accumulators are independent FMA chains (AVX-512: 8 rows x 2
@@ -37,26 +51,22 @@
 //! into them (see `simd`, "Inlining"). (Explicit intrinsics rather than
 //! auto-vectorisation: LLVM vectorised the nibble unpacking across blocks instead of
 //! within one, several times slower, and did not keep the accumulators in registers.)
-//!
-//! An earlier layout (16 lanes splitting one dot product, folded at the end) needed a
-//! horizontal reduction per output and a per-block scalar broadcast of the scales; at a
-//! batch of 16 it reached about a third of the FMA peak, this layout about twice that.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Storage, Tensor};
 use rayon::prelude::*;
 
 mod blocks;
+mod formats;
 mod kernel;
 mod simd;
 #[cfg(test)]
 mod tests;
 
-use blocks::{tiles, Tile, F32, Q4_0, Q4_1, Q8_0, TILE};
+use blocks::{Tile, TILE};
+use formats::Tiles;
 use kernel::{columns, isa, Isa};
 
-/// Weights per ggml block (the same for Q4_0, Q4_1 and Q8_0).
-const QK: usize = 32;
 /// f32 lanes of the kernel's vectors: one per column of a tile.
 const LANES: usize = 16;
 /// Below this many multiply-adds a task is not worth handing to another thread.
@@ -70,21 +80,13 @@ const COL_ALIGN: usize = 2 * TILE;
 /// One vector's worth of f32: a lane per column of a tile.
 type Half = [f32; LANES];
 
-#[derive(Clone)]
-enum Tiles {
-    Q4_0(Vec<Q4_0>),
-    Q4_1(Vec<Q4_1>),
-    Q8_0(Vec<Q8_0>),
-    F32(Vec<F32>),
-}
-
-/// A quantized weight matrix `[n, k]` (n outputs, k inputs) multiplied on the CPU by
-/// f32 activations, exactly and batch-invariantly (see the module docs).
+/// A weight matrix `[n, k]` (n outputs, k inputs) in its ggml blocks, multiplied on the
+/// CPU by f32 activations, exactly and batch-invariantly (see the module docs).
 #[derive(Clone)]
 pub struct CpuQuantMatrix {
     n: usize,
     k: usize,
-    /// Tile column `g` (columns `16 g ..`) has its `k / 32` tiles at `g * k / 32 ..`.
+    /// Tile column `g` (columns `16 g ..`) has its `k / INPUTS` tiles at `g * k / INPUTS ..`.
     tiles: Tiles,
 }
 
@@ -101,44 +103,51 @@ impl std::fmt::Debug for CpuQuantMatrix {
 }
 
 impl CpuQuantMatrix {
-    /// Takes a 2-D Q4_0, Q4_1 or Q8_0 tensor `[n, k]` with `k` a multiple of 32; `None`
-    /// for anything else (the caller keeps candle's `QMatMul` for it). The quants are
-    /// kept as stored, only regrouped into tiles and their f16 scales widened to f32.
+    /// The storage formats served, by [`CpuQuantMatrix::dtype_name`], for messages.
+    pub const SERVED: &'static str =
+        "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k";
+
+    /// Whether [`CpuQuantMatrix::from_qtensor`] takes tensors of `dtype` (given a 2-D
+    /// shape whose row length is a multiple of the block size).
+    pub fn supports(dtype: GgmlDType) -> bool {
+        formats::supports(dtype)
+    }
+
+    /// Takes a 2-D tensor `[n, k]` of a supported block format (GGUF F32/F16/BF16 too)
+    /// with `k` a multiple of its block size (32, or 256 for the K-quants); `None` for
+    /// anything else. The quants and scales are kept as stored, only regrouped into tiles.
     pub fn from_qtensor(t: &QTensor) -> Option<Self> {
         let (n, k) = t.shape().dims2().ok()?;
-        if k == 0 || !k.is_multiple_of(QK) {
-            return None;
-        }
-        let nb = k / QK;
-        let tiles = match t.dtype() {
-            GgmlDType::Q4_0 => Tiles::Q4_0(tiles(&t.data().ok()?, n, nb)?),
-            GgmlDType::Q4_1 => Tiles::Q4_1(tiles(&t.data().ok()?, n, nb)?),
-            GgmlDType::Q8_0 => Tiles::Q8_0(tiles(&t.data().ok()?, n, nb)?),
-            _ => return None,
-        };
+        let tiles = Tiles::new(t.dtype(), &t.data().ok()?, n, k)?;
         Some(CpuQuantMatrix { n, k, tiles })
     }
 
-    /// A dense f32 `[n, k]` CPU matrix (k a multiple of 32), multiplied with the same
-    /// fixed arithmetic as the quantized formats.
+    /// A dense `[n, k]` CPU matrix of f32, f16 or bf16 (k a multiple of 32), multiplied
+    /// with the same fixed arithmetic as the block formats; f16 and bf16 stay 2 bytes a
+    /// weight.
     pub fn from_dense(t: &Tensor) -> Option<Self> {
         let (n, k) = t.dims2().ok()?;
-        if k == 0 || !k.is_multiple_of(QK) || t.dtype() != DType::F32 || !t.device().is_cpu() {
+        if !t.device().is_cpu() {
             return None;
         }
-        let bytes: Vec<u8> = t
-            .flatten_all()
-            .ok()?
-            .to_vec1::<f32>()
-            .ok()?
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .collect();
-        Some(CpuQuantMatrix {
-            n,
-            k,
-            tiles: Tiles::F32(tiles(&bytes, n, k / QK)?),
-        })
+        let t = t.flatten_all().ok()?;
+        let (dtype, bytes): (_, Vec<u8>) = match t.dtype() {
+            DType::F32 => (
+                GgmlDType::F32,
+                le_bytes(t.to_vec1::<f32>().ok()?, f32::to_le_bytes),
+            ),
+            DType::F16 => (
+                GgmlDType::F16,
+                le_bytes(t.to_vec1::<half::f16>().ok()?, half::f16::to_le_bytes),
+            ),
+            DType::BF16 => (
+                GgmlDType::BF16,
+                le_bytes(t.to_vec1::<half::bf16>().ok()?, half::bf16::to_le_bytes),
+            ),
+            _ => return None,
+        };
+        let tiles = Tiles::new(dtype, &bytes, n, k)?;
+        Some(CpuQuantMatrix { n, k, tiles })
     }
 
     /// `(n, k)`: outputs, inputs.
@@ -146,14 +155,24 @@ impl CpuQuantMatrix {
         (self.n, self.k)
     }
 
-    /// The storage name: "q4_0", "q4_1", "q8_0" or "f32".
+    /// The storage name: one of [`CpuQuantMatrix::SERVED`].
     pub fn dtype_name(&self) -> &'static str {
-        match self.tiles {
-            Tiles::Q4_0(_) => "q4_0",
-            Tiles::Q4_1(_) => "q4_1",
-            Tiles::Q8_0(_) => "q8_0",
-            Tiles::F32(_) => "f32",
+        self.tiles.name()
+    }
+
+    /// Writes weight row `i` (output `i`'s `k` weights; for a tied embedding table, token
+    /// `i`'s embedding) into `out`, bit for bit as candle's `to_float` dequantizes it.
+    pub fn row_into(&self, i: usize, out: &mut [f32]) -> Result<()> {
+        if i >= self.n || out.len() != self.k {
+            candle_core::bail!(
+                "CpuQuantMatrix::row_into: row {i} into {} values, the matrix is {}x{}",
+                out.len(),
+                self.n,
+                self.k
+            );
         }
+        self.tiles.row(i, out, isa());
+        Ok(())
     }
 
     /// `xs`: f32 CPU tensor `[.., k]` (usually `[m, k]`) → `[.., n]`, i.e. `xs @ W^T`.
@@ -202,7 +221,7 @@ impl CpuQuantMatrix {
     /// `x`: `m` rows of `k` → `m` rows of `n`, row-major. `cols_per_task` overrides the
     /// split (tests use it to show the split changes nothing).
     fn matmul(&self, x: &[f32], m: usize, isa: Isa, cols_per_task: Option<usize>) -> Vec<f32> {
-        let (n, nb) = (self.n, self.k / QK);
+        let n = self.n;
         debug_assert_eq!(x.len(), m * self.k);
         let mut out = vec![0f32; m * n];
         if m == 0 || n == 0 {
@@ -223,12 +242,7 @@ impl CpuQuantMatrix {
                 task.push(piece);
             }
         }
-        match &self.tiles {
-            Tiles::Q4_0(t) => run_tasks(t, nb, x, cols, tasks, isa),
-            Tiles::Q4_1(t) => run_tasks(t, nb, x, cols, tasks, isa),
-            Tiles::Q8_0(t) => run_tasks(t, nb, x, cols, tasks, isa),
-            Tiles::F32(t) => run_tasks(t, nb, x, cols, tasks, isa),
-        }
+        self.tiles.run(x, self.k, cols, tasks, isa);
         out
     }
 
@@ -244,6 +258,11 @@ impl CpuQuantMatrix {
         }
         self.n.div_ceil(tasks).next_multiple_of(COL_ALIGN)
     }
+}
+
+/// The little-endian bytes of `values`.
+fn le_bytes<T, const N: usize>(values: Vec<T>, f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+    values.into_iter().flat_map(f).collect()
 }
 
 /// Runs the tasks, in parallel when there is more than one: task `t` computes the

@@ -1,188 +1,91 @@
-//! The weight tiles the kernel reads: the ggml blocks (Q4_0, Q4_1, Q8_0) of 16 adjacent
-//! columns at the same 32 inputs, interleaved so that one vector op dequantizes one input
-//! of all 16 columns; and dense f32 weights in the same shape.
+//! The weight tiles the kernel reads: one ggml block (or K-quant super-block) of each of
+//! 16 adjacent columns at the same inputs, interleaved so that one vector op dequantizes
+//! one input of all 16 columns (lane `c` = column `c`); dense f32 / f16 / bf16 weights in
+//! the same shape.
 //!
-//! A ggml block stores input `j` and `j + 16` of one column in byte `j` (Q4: low and high
-//! nibble) or bytes `j` and `j + 16` (Q8_0). A tile puts byte `j` of its 16 columns' blocks
-//! side by side, so [`Tile::pair`] turns 16 (or 32) bytes into the weights of inputs `j`
-//! and `j + 16` for lanes = columns 0..16. The scales become vectors too (lane `c`: column
-//! `c`'s), kept as f16 (the bytes a decode step streams from memory are its cost) and
-//! widened to f32 once per tile by [`Tile::scales`] (lossless).
+//! # Pairs, parts and the input order
 //!
-//! `pair` reproduces candle's `to_float` bit for bit: `q * d` is exact in f32 (|q| ≤ 128
-//! has at most 8 significant bits, an f16 scale at most 11), so the only rounding is
-//! Q4_1's `+ m`, and a fused `q * d + m` rounds that same exact sum once (signed zeros
-//! included). Columns past the end of the matrix are all-zero weights, computed and
-//! never stored.
+//! A tile covers [`Tile::INPUTS`] inputs of its columns (32, or 256 for the K-quants),
+//! walked as *pairs*: pair `j` of part `p` is the inputs `i = first_input(p) + j` and
+//! `i + SPAN`, the two a ggml block keeps in one byte or at the same offset (Q4_0: byte
+//! `j` holds inputs `j` and `j + 16`; Q4_K: byte `l` of a 32-byte run, inputs `l` and
+//! `l + 32` of its 64; Q6_K: `ql` byte `j` of a 64-byte run, inputs `j` and `j + 64` of its
+//! 128). The inputs fall into groups of `2 SPAN`; a group is walked `j = 0..SPAN`, taking
+//! `(j, j + SPAN)` — the order in which every output's fused multiply-adds go (module
+//! docs of `cpu_matmul`). A *part* is a run of [`Tile::PAIRS`] pairs sharing their scale
+//! vectors ([`Tile::scales`], computed once per part, not once per input).
+//!
+//! [`Tile::pair`] returns the weights of a pair's two inputs for the 16 columns, bit for
+//! bit as candle's `to_float` computes them (each format says why its operations round
+//! the same). Scales stay as stored (f16, 6-bit packed, i8) and are widened in registers,
+//! because the bytes a decode step streams from memory are its cost. Columns past the end
+//! of the matrix are all-zero weights, computed and never stored.
 
 use half::f16;
 
 use super::simd::Simd;
-use super::{Half, LANES};
+use super::LANES;
+
+mod dense;
+mod kquant;
+mod legacy;
+
+pub(super) use dense::{Bf16, F16, F32};
+pub(super) use kquant::{Q4K, Q5K, Q6K};
+pub(super) use legacy::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 
 /// Columns per tile: one per vector lane.
 pub(super) const TILE: usize = LANES;
 
-/// 16 columns × 32 inputs of one format.
+/// 16 columns × [`Tile::INPUTS`] inputs of one format.
 pub(super) trait Tile: Copy + Send + Sync {
     /// Bytes of one column's block in the GGUF / candle layout.
     const RAW_BYTES: usize;
+    /// Runs of pairs with their own scales.
+    const PARTS: usize;
+    /// Pairs per part: a multiple of 16 that divides `SPAN`.
+    const PAIRS: usize;
+    /// The distance between a pair's two inputs.
+    const SPAN: usize;
+    /// Inputs per tile.
+    const INPUTS: usize = 2 * Self::PARTS * Self::PAIRS;
     /// The tile of 16 all-zero columns.
     const ZERO: Self;
+    /// A part's scales, in registers.
+    type Scales<S: Simd>: Copy;
     /// Puts column `c`'s raw block (`raw.len() == RAW_BYTES`) into lane `c`.
     fn set_column(&mut self, c: usize, raw: &[u8]);
-    /// The tile's scales as f32 vectors, for [`Tile::pair`]: computed once per tile, not
-    /// once per input. (`#[inline(always)]` in every impl: see `simd`, "Inlining".)
-    fn scales<S: Simd>(&self, s: S) -> [S::V; 2];
-    /// The weights of inputs `j` and `j + 16` (`j < 16`), lane `c` = column `c`.
-    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], j: usize) -> [S::V; 2];
+    /// Part `p`'s scales, for [`Tile::pair`]. (`#[inline(always)]` in every impl: see
+    /// `simd`, "Inlining".)
+    fn scales<S: Simd>(&self, s: S, p: usize) -> Self::Scales<S>;
+    /// The weights of pair `j < PAIRS` of part `p`: inputs `first_input(p) + j` and
+    /// `SPAN` further on, lane `c` = column `c`.
+    fn pair<S: Simd>(&self, s: S, scales: &Self::Scales<S>, p: usize, j: usize) -> [S::V; 2];
+}
+
+/// The first input of part `p`'s first pair: the parts fill the groups of `2 SPAN`
+/// inputs `SPAN / PAIRS` at a time.
+#[inline(always)]
+pub(super) const fn first_input<T: Tile>(p: usize) -> usize {
+    let per_group = T::SPAN / T::PAIRS;
+    (p / per_group) * 2 * T::SPAN + (p % per_group) * T::PAIRS
 }
 
 fn f16_at(raw: &[u8], at: usize) -> u16 {
     f16::from_le_bytes([raw[at], raw[at + 1]]).to_bits()
 }
 
+/// Sets bit `bit` of `word` to `on`.
+fn set_bit(word: &mut u32, bit: usize, on: bool) {
+    *word = (*word & !(1 << bit)) | (u32::from(on) << bit);
+}
+
 /// 16 f16 scales, one per column.
 type Scales = [u16; TILE];
 
-/// Q4_0: `{d: f16, qs: [u8; 16]}` per column, `w = d * (nibble - 8)`.
-#[derive(Clone, Copy)]
-pub(super) struct Q4_0 {
-    d: Scales,
-    /// `qs[j][c]`: column `c`'s byte `j` (inputs `j` and `j + 16`).
-    qs: [[u8; TILE]; 16],
-}
-
-impl Tile for Q4_0 {
-    const RAW_BYTES: usize = 18;
-    const ZERO: Self = Q4_0 {
-        d: [0; TILE],
-        qs: [[0; TILE]; 16],
-    };
-    fn set_column(&mut self, c: usize, raw: &[u8]) {
-        self.d[c] = f16_at(raw, 0);
-        for (j, q) in self.qs.iter_mut().enumerate() {
-            q[c] = raw[2 + j];
-        }
-    }
-    #[inline(always)]
-    fn scales<S: Simd>(&self, s: S) -> [S::V; 2] {
-        [s.f16s(&self.d), s.splat(-8.0)]
-    }
-    #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], j: usize) -> [S::V; 2] {
-        // `(nibble - 8) * d`, both steps exact; not `nibble * d - 8 * d`, which would
-        // give +0.0 where candle gives -0.0 (nibble 8, negative d).
-        let [d, minus8] = *scales;
-        let [lo, hi] = s.nibbles(&self.qs[j]);
-        [s.mul(s.add(lo, minus8), d), s.mul(s.add(hi, minus8), d)]
-    }
-}
-
-/// Q4_1: `{d: f16, m: f16, qs: [u8; 16]}` per column, `w = d * nibble + m`.
-#[derive(Clone, Copy)]
-pub(super) struct Q4_1 {
-    d: Scales,
-    m: Scales,
-    qs: [[u8; TILE]; 16],
-}
-
-impl Tile for Q4_1 {
-    const RAW_BYTES: usize = 20;
-    const ZERO: Self = Q4_1 {
-        d: [0; TILE],
-        m: [0; TILE],
-        qs: [[0; TILE]; 16],
-    };
-    fn set_column(&mut self, c: usize, raw: &[u8]) {
-        self.d[c] = f16_at(raw, 0);
-        self.m[c] = f16_at(raw, 2);
-        for (j, q) in self.qs.iter_mut().enumerate() {
-            q[c] = raw[4 + j];
-        }
-    }
-    #[inline(always)]
-    fn scales<S: Simd>(&self, s: S) -> [S::V; 2] {
-        [s.f16s(&self.d), s.f16s(&self.m)]
-    }
-    #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], j: usize) -> [S::V; 2] {
-        let [d, m] = *scales;
-        let [lo, hi] = s.nibbles(&self.qs[j]);
-        [s.mul_add(lo, d, m), s.mul_add(hi, d, m)]
-    }
-}
-
-/// Q8_0: `{d: f16, qs: [i8; 32]}` per column, `w = d * q`.
-#[derive(Clone, Copy)]
-pub(super) struct Q8_0 {
-    d: Scales,
-    /// `qs[j][c]`: column `c`'s input `j`; `qs[j][16 + c]`: its input `j + 16`.
-    qs: [[u8; 2 * TILE]; 16],
-}
-
-impl Tile for Q8_0 {
-    const RAW_BYTES: usize = 34;
-    const ZERO: Self = Q8_0 {
-        d: [0; TILE],
-        qs: [[0; 2 * TILE]; 16],
-    };
-    fn set_column(&mut self, c: usize, raw: &[u8]) {
-        self.d[c] = f16_at(raw, 0);
-        for (j, q) in self.qs.iter_mut().enumerate() {
-            q[c] = raw[2 + j];
-            q[TILE + c] = raw[2 + 16 + j];
-        }
-    }
-    #[inline(always)]
-    fn scales<S: Simd>(&self, s: S) -> [S::V; 2] {
-        let d = s.f16s(&self.d);
-        [d, d]
-    }
-    #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], j: usize) -> [S::V; 2] {
-        let d = scales[0];
-        let [lo, hi] = s.signed_bytes(&self.qs[j]);
-        [s.mul(lo, d), s.mul(hi, d)]
-    }
-}
-
-/// Dense f32 weights (Hugging Face checkpoints) in the same shape: "dequantization" is a
-/// plain load, so dense weights get the same fixed arithmetic per output, and hence the
-/// same batch invariance. A column's raw block is its 32 weights, little-endian.
-#[derive(Clone, Copy)]
-pub(super) struct F32 {
-    /// `w[j]`: inputs `j` and `j + 16` of the 16 columns.
-    w: [[Half; 2]; 16],
-}
-
-impl Tile for F32 {
-    const RAW_BYTES: usize = 128;
-    const ZERO: Self = F32 {
-        w: [[[0.0; LANES]; 2]; 16],
-    };
-    fn set_column(&mut self, c: usize, raw: &[u8]) {
-        let at = |i: usize| {
-            f32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]])
-        };
-        for (j, w) in self.w.iter_mut().enumerate() {
-            w[0][c] = at(j);
-            w[1][c] = at(j + 16);
-        }
-    }
-    #[inline(always)]
-    fn scales<S: Simd>(&self, s: S) -> [S::V; 2] {
-        [s.zero(), s.zero()]
-    }
-    #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, _: &[S::V; 2], j: usize) -> [S::V; 2] {
-        [s.load(&self.w[j][0]), s.load(&self.w[j][1])]
-    }
-}
-
-/// The tiles of an `[n, k]` matrix stored as `n` rows of `k / 32` raw blocks: tile column
-/// `g` (matrix columns `16 g ..`) holds its `nb = k / 32` tiles at `g * nb ..`. `None` if
-/// `data` is not exactly that many blocks.
+/// The tiles of an `[n, k]` matrix stored as `n` rows of `nb = k / INPUTS` raw blocks:
+/// tile column `g` (matrix columns `16 g ..`) holds its `nb` tiles at `g * nb ..`. `None`
+/// if `data` is not exactly that many blocks.
 pub(super) fn tiles<T: Tile>(data: &[u8], n: usize, nb: usize) -> Option<Vec<T>> {
     if data.len() != n * nb * T::RAW_BYTES {
         return None;
@@ -202,4 +105,28 @@ pub(super) fn tiles<T: Tile>(data: &[u8], n: usize, nb: usize) -> Option<Vec<T>>
         }
     }
     Some(out)
+}
+
+/// Weight row `i` (matrix column `i`: `k = nb * INPUTS` weights) dequantized from the
+/// tiles into `out`, by the kernel's own operations.
+#[inline(always)]
+pub(super) fn row<S: Simd, T: Tile>(s: S, tiles: &[T], nb: usize, i: usize, out: &mut [f32]) {
+    let (g, c) = (i / TILE, i % TILE);
+    let mut lanes = [0f32; LANES];
+    for (t, out) in tiles[g * nb..(g + 1) * nb]
+        .iter()
+        .zip(out.chunks_exact_mut(T::INPUTS))
+    {
+        for p in 0..T::PARTS {
+            let scales = t.scales(s, p);
+            let first = first_input::<T>(p);
+            for j in 0..T::PAIRS {
+                let [lo, hi] = t.pair(s, &scales, p, j);
+                s.store(lo, &mut lanes);
+                out[first + j] = lanes[c];
+                s.store(hi, &mut lanes);
+                out[first + j + T::SPAN] = lanes[c];
+            }
+        }
+    }
 }

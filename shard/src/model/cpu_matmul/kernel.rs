@@ -2,11 +2,11 @@
 
 use std::sync::OnceLock;
 
-use super::blocks::{Tile, TILE};
+use super::blocks::{self, first_input, Tile, TILE};
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Avx2, Avx512};
 use super::simd::{Portable, Simd};
-use super::{Half, QK};
+use super::{Half, LANES};
 
 /// Bytes of activation rows swept over one group of tiles before the next group: they
 /// stay in L2 while the group's weights stay in L1. Speed only.
@@ -52,8 +52,8 @@ pub(super) fn isa() -> Isa {
     })
 }
 
-/// The tile columns `tiles.len() / nb` (`nb` tiles each) for the rows `x` (`32 * nb`
-/// f32 each) into `out`: one piece per row, one sum per column (the last tile may cover
+/// The tile columns `tiles.len() / nb` (`nb` tiles each) for the rows `x` (`nb *
+/// T::INPUTS` f32 each) into `out`: one piece per row, one sum per column (the last tile may cover
 /// fewer columns than 16), with the kernel for `isa`.
 pub(super) fn columns<T: Tile>(
     tiles: &[T],
@@ -85,9 +85,9 @@ fn columns_portable<T: Tile>(
     sweep::<_, T, 4, 1, 2>(t, tiles, nb, x, out)
 }
 
-// The two entry functions below are the kernel's only `#[target_feature]` functions:
-// everything they call is `#[inline(always)]` and inlines into them (see `simd`,
-// "Inlining").
+// The entry functions below (and `row`'s) are the kernel's only `#[target_feature]`
+// functions: everything they call is `#[inline(always)]` and inlines into them (see
+// `simd`, "Inlining").
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -99,11 +99,37 @@ fn columns_avx2<T: Tile>(t: Avx2, tiles: &[T], nb: usize, x: &[f32], out: &mut [
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 fn columns_avx512<T: Tile>(t: Avx512, tiles: &[T], nb: usize, x: &[f32], out: &mut [&mut [f32]]) {
     // 8 rows x 2 tiles = 16 accumulators of the 32 registers: each dequantized weight
     // vector feeds 8 FMAs. One row: 8 tiles, 8 independent chains.
     sweep::<_, T, 8, 2, 8>(t, tiles, nb, x, out)
+}
+
+/// Weight row `i` of the tiles (`nb` per tile column) into `out`, with the kernel
+/// variant `isa` (see `blocks::row`).
+pub(super) fn row<T: Tile>(tiles: &[T], nb: usize, i: usize, out: &mut [f32], isa: Isa) {
+    match isa {
+        Isa::Portable => blocks::row(Portable, tiles, nb, i, out),
+        // SAFETY: as in `columns`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2(t) => unsafe { row_avx2(t, tiles, nb, i, out) },
+        // SAFETY: as in `columns`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512(t) => unsafe { row_avx512(t, tiles, nb, i, out) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn row_avx2<T: Tile>(t: Avx2, tiles: &[T], nb: usize, i: usize, out: &mut [f32]) {
+    blocks::row(t, tiles, nb, i, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn row_avx512<T: Tile>(t: Avx512, tiles: &[T], nb: usize, i: usize, out: &mut [f32]) {
+    blocks::row(t, tiles, nb, i, out)
 }
 
 /// All rows of `out` against all tiles: rows `R` at a time against `C` tiles at a time,
@@ -113,7 +139,7 @@ fn columns_avx512<T: Tile>(t: Avx512, tiles: &[T], nb: usize, x: &[f32], out: &m
 ///
 /// The rows go in pieces of about [`PIECE_BYTES`]; each piece is swept over every group
 /// of tiles in turn, so a group's weights are read from memory once per piece and then
-/// from L1, and the piece's rows from L2.
+/// from L1 or L2, and the piece's rows from L2.
 #[inline(always)]
 fn sweep<S: Simd, T: Tile, const R: usize, const C: usize, const C1: usize>(
     s: S,
@@ -122,7 +148,7 @@ fn sweep<S: Simd, T: Tile, const R: usize, const C: usize, const C1: usize>(
     x: &[f32],
     out: &mut [&mut [f32]],
 ) {
-    let k = nb * QK;
+    let k = nb * T::INPUTS;
     let rows_per_piece = (PIECE_BYTES / (4 * k)).max(R) / R * R;
     for (p, out) in out.chunks_mut(rows_per_piece).enumerate() {
         let x = &x[p * rows_per_piece * k..];
@@ -150,16 +176,16 @@ fn span<S: Simd, T: Tile, const R: usize, const C: usize>(
     out: &mut [&mut [f32]],
     g0: usize,
 ) -> usize {
-    let k = nb * QK;
+    let k = nb * T::INPUTS;
     let groups = tiles.len() / nb;
     let mut g = g0;
     while g + C <= groups {
         let group = &tiles[g * nb..(g + C) * nb];
         for (i, out) in out.chunks_exact_mut(R).enumerate() {
-            let mut rows: [&[[f32; QK]]; R] = [&[]; R];
+            let mut rows: [&[Half]; R] = [&[]; R];
             for (r, row) in rows.iter_mut().enumerate() {
                 let at = (i * R + r) * k;
-                *row = x[at..at + k].as_chunks::<QK>().0;
+                *row = x[at..at + k].as_chunks::<LANES>().0;
             }
             let acc = dot::<S, T, R, C>(s, group, nb, &rows);
             for (row, acc) in out.iter_mut().zip(&acc) {
@@ -173,38 +199,57 @@ fn span<S: Simd, T: Tile, const R: usize, const C: usize>(
     g
 }
 
-/// `R` rows against `C` tile columns (`group`: their tiles, column after column).
+/// `R` rows (in chunks of 16 inputs) against `C` tile columns (`group`: their tiles,
+/// column after column).
 ///
 /// The arithmetic of one output, and only this: one f32 accumulator starts at `0.0`; for
-/// each block `b` of 32 inputs in order, for `j = 0..16`, it takes
-/// `fma(x[32b + j], w[32b + j], acc)` and then `fma(x[32b + 16 + j], w[32b + 16 + j],
-/// acc)`. `R`, `C`, the other rows and columns and the instruction set change none of it:
-/// lanes are columns, so no lane ever holds two rows' or two columns' sums.
+/// each tile in order, for each part `p`, for each pair `j`, it takes `fma(x[i], w[i],
+/// acc)` and then `fma(x[i + SPAN], w[i + SPAN], acc)`, `i` = the tile's first input +
+/// `first_input(p) + j` (see `blocks`). `R`, `C`, the other rows and columns and the
+/// instruction set change none of it: lanes are columns, so no lane ever holds two rows'
+/// or two columns' sums.
 #[inline(always)]
 fn dot<S: Simd, T: Tile, const R: usize, const C: usize>(
     s: S,
     group: &[T],
     nb: usize,
-    rows: &[&[[f32; QK]]; R],
+    rows: &[&[Half]; R],
 ) -> [[S::V; C]; R] {
+    let chunks = T::INPUTS / LANES;
     let mut acc = [[s.zero(); C]; R];
     for b in 0..nb {
-        let mut xb: [&[f32; QK]; R] = [&[0.0; QK]; R];
-        for (x, row) in xb.iter_mut().zip(rows) {
-            *x = &row[b];
-        }
         let mut tb: [&T; C] = [&group[b]; C];
-        let mut scales = [[s.zero(); 2]; C];
-        for (c, (t, sc)) in tb.iter_mut().zip(&mut scales).enumerate() {
+        for (c, t) in tb.iter_mut().enumerate() {
             *t = &group[c * nb + b];
-            *sc = t.scales(s);
         }
-        for j in 0..QK / 2 {
-            for (c, t) in tb.iter().enumerate() {
-                let [lo, hi] = t.pair(s, &scales[c], j);
-                for (a, x) in acc.iter_mut().zip(&xb) {
-                    a[c] = s.mul_add(s.splat(x[j]), lo, a[c]);
-                    a[c] = s.mul_add(s.splat(x[j + QK / 2]), hi, a[c]);
+        let mut xb: [&[Half]; R] = [&[]; R];
+        for (x, row) in xb.iter_mut().zip(rows) {
+            *x = &row[b * chunks..(b + 1) * chunks];
+        }
+        for p in 0..T::PARTS {
+            let mut scales = [tb[0].scales(s, p); C];
+            for (sc, t) in scales.iter_mut().zip(&tb).skip(1) {
+                *sc = t.scales(s, p);
+            }
+            let first = first_input::<T>(p) / LANES;
+            for q in 0..T::PAIRS / LANES {
+                // The 16 inputs of these 16 pairs, and their partners `SPAN` on.
+                let (lo, hi) = (first + q, first + q + T::SPAN / LANES);
+                let mut xl: [&Half; R] = [&xb[0][lo]; R];
+                let mut xh: [&Half; R] = [&xb[0][hi]; R];
+                for ((l, h), x) in xl.iter_mut().zip(&mut xh).zip(&xb) {
+                    *l = &x[lo];
+                    *h = &x[hi];
+                }
+                for t in 0..LANES {
+                    let j = q * LANES + t;
+                    for (c, tile) in tb.iter().enumerate() {
+                        let [wl, wh] = tile.pair(s, &scales[c], p, j);
+                        for (a, (l, h)) in acc.iter_mut().zip(xl.iter().zip(&xh)) {
+                            a[c] = s.mul_add(s.splat(l[t]), wl, a[c]);
+                            a[c] = s.mul_add(s.splat(h[t]), wh, a[c]);
+                        }
+                    }
                 }
             }
         }

@@ -4,7 +4,13 @@
 //! instructions (the x86 tokens are only built by `detect`, after asking the CPU), which
 //! is what makes the safe methods below sound. Every implementation computes the same
 //! bits: each lane does its own correctly rounded `mul` / fused `mul_add`, exactly what
-//! the portable one does with `f32::mul_add`; only the speed differs.
+//! the portable one does with `f32::mul_add`, and the byte operations are integer
+//! operations with one defined result; only the speed differs.
+//!
+//! Besides f32 vectors (`V`) a token has 32-byte vectors (`B`) in the *pair layout*: byte
+//! `c` belongs to column `c`'s first input of a pair and byte `16 + c` to its second (see
+//! `blocks`). The formats build their quants in bytes (nibbles, 5th and 6th bits, offsets)
+//! and widen them to f32 once.
 //!
 //! # Inlining
 //!
@@ -17,10 +23,20 @@
 
 use super::{Half, LANES};
 
-/// The operations the kernel needs on 16 f32 lanes.
+#[cfg(target_arch = "x86_64")]
+mod x86;
+#[cfg(target_arch = "x86_64")]
+pub(super) use x86::{Avx2, Avx512};
+
+/// 32 bytes in the pair layout (see the module docs).
+pub(super) type Bytes = [u8; 2 * LANES];
+
+/// The operations the kernel needs on 16 f32 lanes and on 32 bytes.
 pub(super) trait Simd: Copy + Send + Sync {
-    /// 16 lanes, in registers where the instruction set allows.
+    /// 16 f32 lanes, in registers where the instruction set allows.
     type V: Copy;
+    /// 32 bytes, in registers where the instruction set allows.
+    type B: Copy;
     fn zero(self) -> Self::V;
     fn splat(self, v: f32) -> Self::V;
     fn load(self, h: &Half) -> Self::V;
@@ -32,9 +48,34 @@ pub(super) trait Simd: Copy + Send + Sync {
     /// The low nibbles of `q` (lanes 0..16) and the high nibbles, as f32 in 0..=15.
     fn nibbles(self, q: &[u8; 16]) -> [Self::V; 2];
     /// `q` read as i8: bytes 0..16 and 16..32, as f32.
-    fn signed_bytes(self, q: &[u8; 32]) -> [Self::V; 2];
+    fn signed_bytes(self, q: &Bytes) -> [Self::V; 2];
     /// 16 f16 (as bits) widened to f32, exactly.
     fn f16s(self, h: &[u16; 16]) -> Self::V;
+    /// 16 bf16 (as bits) widened to f32, exactly (`bits << 16`: NaNs are quieted when
+    /// the tiles are built, see `blocks::dense`).
+    fn bf16s(self, h: &[u16; 16]) -> Self::V;
+
+    fn bytes(self, q: &Bytes) -> Self::B;
+    fn splat_bytes(self, v: u8) -> Self::B;
+    /// Bytes 0..16: the low nibbles of `q`; bytes 16..32: its high nibbles.
+    fn nibble_bytes(self, q: &[u8; 16]) -> Self::B;
+    /// Byte `i` is `0xFF` where bit `i` of `h` is set, else `0`.
+    fn bits(self, h: &u32) -> Self::B;
+    fn and(self, a: Self::B, b: Self::B) -> Self::B;
+    fn or(self, a: Self::B, b: Self::B) -> Self::B;
+    /// `!a & b`.
+    fn and_not(self, a: Self::B, b: Self::B) -> Self::B;
+    /// Bytewise `a - b`, wrapping.
+    fn sub_bytes(self, a: Self::B, b: Self::B) -> Self::B;
+    /// Each little-endian u16 (bytes `2i`, `2i + 1`) shifted left by `n` (`n < 16`): bits
+    /// cross from a byte into the next; callers mask them off.
+    fn shl16(self, a: Self::B, n: u32) -> Self::B;
+    /// As [`Simd::shl16`], shifted right.
+    fn shr16(self, a: Self::B, n: u32) -> Self::B;
+    /// The 32 bytes as u8, widened to f32: `[bytes 0..16, bytes 16..32]`.
+    fn widen_unsigned(self, b: Self::B) -> [Self::V; 2];
+    /// The 32 bytes as i8, widened to f32.
+    fn widen_signed(self, b: Self::B) -> [Self::V; 2];
 }
 
 /// Plain Rust, for any CPU. On x86 without FMA `f32::mul_add` is a (slow, correctly
@@ -44,6 +85,7 @@ pub(super) struct Portable;
 
 impl Simd for Portable {
     type V = Half;
+    type B = Bytes;
     #[inline(always)]
     fn zero(self) -> Half {
         [0.0; LANES]
@@ -74,222 +116,89 @@ impl Simd for Portable {
     }
     #[inline(always)]
     fn nibbles(self, q: &[u8; 16]) -> [Half; 2] {
-        [
-            std::array::from_fn(|l| f32::from(q[l] & 0x0F)),
-            std::array::from_fn(|l| f32::from(q[l] >> 4)),
-        ]
+        self.widen_unsigned(self.nibble_bytes(q))
     }
     #[inline(always)]
-    fn signed_bytes(self, q: &[u8; 32]) -> [Half; 2] {
-        [
-            std::array::from_fn(|l| f32::from(q[l] as i8)),
-            std::array::from_fn(|l| f32::from(q[l + 16] as i8)),
-        ]
+    fn signed_bytes(self, q: &Bytes) -> [Half; 2] {
+        self.widen_signed(*q)
     }
     #[inline(always)]
     fn f16s(self, h: &[u16; 16]) -> Half {
         std::array::from_fn(|l| half::f16::from_bits(h[l]).to_f32())
     }
+    #[inline(always)]
+    fn bf16s(self, h: &[u16; 16]) -> Half {
+        std::array::from_fn(|l| f32::from_bits(u32::from(h[l]) << 16))
+    }
+
+    #[inline(always)]
+    fn bytes(self, q: &Bytes) -> Bytes {
+        *q
+    }
+    #[inline(always)]
+    fn splat_bytes(self, v: u8) -> Bytes {
+        [v; 2 * LANES]
+    }
+    #[inline(always)]
+    fn nibble_bytes(self, q: &[u8; 16]) -> Bytes {
+        std::array::from_fn(|i| {
+            if i < LANES {
+                q[i] & 0x0F
+            } else {
+                q[i - LANES] >> 4
+            }
+        })
+    }
+    #[inline(always)]
+    fn bits(self, h: &u32) -> Bytes {
+        std::array::from_fn(|i| if (h >> i) & 1 == 1 { 0xFF } else { 0 })
+    }
+    #[inline(always)]
+    fn and(self, a: Bytes, b: Bytes) -> Bytes {
+        std::array::from_fn(|i| a[i] & b[i])
+    }
+    #[inline(always)]
+    fn or(self, a: Bytes, b: Bytes) -> Bytes {
+        std::array::from_fn(|i| a[i] | b[i])
+    }
+    #[inline(always)]
+    fn and_not(self, a: Bytes, b: Bytes) -> Bytes {
+        std::array::from_fn(|i| !a[i] & b[i])
+    }
+    #[inline(always)]
+    fn sub_bytes(self, a: Bytes, b: Bytes) -> Bytes {
+        std::array::from_fn(|i| a[i].wrapping_sub(b[i]))
+    }
+    #[inline(always)]
+    fn shl16(self, a: Bytes, n: u32) -> Bytes {
+        shift16(a, |w| w << n)
+    }
+    #[inline(always)]
+    fn shr16(self, a: Bytes, n: u32) -> Bytes {
+        shift16(a, |w| w >> n)
+    }
+    #[inline(always)]
+    fn widen_unsigned(self, b: Bytes) -> [Half; 2] {
+        [
+            std::array::from_fn(|l| f32::from(b[l])),
+            std::array::from_fn(|l| f32::from(b[LANES + l])),
+        ]
+    }
+    #[inline(always)]
+    fn widen_signed(self, b: Bytes) -> [Half; 2] {
+        [
+            std::array::from_fn(|l| f32::from(b[l] as i8)),
+            std::array::from_fn(|l| f32::from(b[LANES + l] as i8)),
+        ]
+    }
 }
 
-#[cfg(target_arch = "x86_64")]
-pub(super) use x86::{Avx2, Avx512};
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    use super::{Half, Simd};
-
-    /// Token for AVX2 + FMA: lanes 0..8 and 8..16 in two `__m256`.
-    #[derive(Clone, Copy)]
-    pub(in super::super) struct Avx2 {
-        _checked: (),
+/// `a` as 16 little-endian u16, each replaced by `f(it)`.
+#[inline(always)]
+fn shift16(a: Bytes, f: impl Fn(u16) -> u16) -> Bytes {
+    let mut out = [0u8; 2 * LANES];
+    for (o, w) in out.chunks_exact_mut(2).zip(a.chunks_exact(2)) {
+        o.copy_from_slice(&f(u16::from_le_bytes([w[0], w[1]])).to_le_bytes());
     }
-
-    impl Avx2 {
-        pub(in super::super) fn detect() -> Option<Self> {
-            (is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c"))
-            .then_some(Avx2 { _checked: () })
-        }
-    }
-
-    // SAFETY (every `unsafe` block in the `Avx2` impls): an `Avx2` exists only if
-    // `detect` saw AVX2, FMA and F16C on this CPU, so the intrinsics' instructions are
-    // available; every pointer is derived from a reference to an array long enough for
-    // the access (8 f32 at offset 0 or 8 of a 16-f32 array; 8 u16 at offset 0 or 8 of a
-    // 16-u16 array; 16 or 8 bytes of a 16- or 8-byte array), and the `loadu`/`storeu`
-    // forms need no alignment.
-    impl Avx2 {
-        /// Bytes 0..8 and 8..16 of `b`, zero-extended, as f32.
-        #[inline(always)]
-        fn u8x16(self, b: __m128i) -> [__m256; 2] {
-            unsafe {
-                [
-                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
-                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(b))),
-                ]
-            }
-        }
-
-        /// `q` read as i8, as f32.
-        #[inline(always)]
-        fn i8x8(self, q: &[u8; 8]) -> __m256 {
-            unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().cast()))) }
-        }
-    }
-
-    impl Simd for Avx2 {
-        type V = [__m256; 2];
-        #[inline(always)]
-        fn zero(self) -> Self::V {
-            unsafe { [_mm256_setzero_ps(); 2] }
-        }
-        #[inline(always)]
-        fn splat(self, v: f32) -> Self::V {
-            unsafe { [_mm256_set1_ps(v); 2] }
-        }
-        #[inline(always)]
-        fn load(self, h: &Half) -> Self::V {
-            unsafe {
-                [
-                    _mm256_loadu_ps(h.as_ptr()),
-                    _mm256_loadu_ps(h.as_ptr().add(8)),
-                ]
-            }
-        }
-        #[inline(always)]
-        fn store(self, v: Self::V, h: &mut Half) {
-            unsafe {
-                _mm256_storeu_ps(h.as_mut_ptr(), v[0]);
-                _mm256_storeu_ps(h.as_mut_ptr().add(8), v[1]);
-            }
-        }
-        #[inline(always)]
-        fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
-            unsafe {
-                [
-                    _mm256_fmadd_ps(a[0], b[0], c[0]),
-                    _mm256_fmadd_ps(a[1], b[1], c[1]),
-                ]
-            }
-        }
-        #[inline(always)]
-        fn mul(self, a: Self::V, b: Self::V) -> Self::V {
-            unsafe { [_mm256_mul_ps(a[0], b[0]), _mm256_mul_ps(a[1], b[1])] }
-        }
-        #[inline(always)]
-        fn add(self, a: Self::V, b: Self::V) -> Self::V {
-            unsafe { [_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1])] }
-        }
-        #[inline(always)]
-        fn nibbles(self, q: &[u8; 16]) -> [Self::V; 2] {
-            unsafe {
-                let v = _mm_loadu_si128(q.as_ptr().cast());
-                let mask = _mm_set1_epi8(0x0F);
-                let lo = _mm_and_si128(v, mask);
-                let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), mask);
-                [self.u8x16(lo), self.u8x16(hi)]
-            }
-        }
-        #[inline(always)]
-        fn signed_bytes(self, q: &[u8; 32]) -> [Self::V; 2] {
-            let (q, _) = q.as_chunks::<8>();
-            [
-                [self.i8x8(&q[0]), self.i8x8(&q[1])],
-                [self.i8x8(&q[2]), self.i8x8(&q[3])],
-            ]
-        }
-        #[inline(always)]
-        fn f16s(self, h: &[u16; 16]) -> Self::V {
-            unsafe {
-                [
-                    _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast())),
-                    _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(8).cast())),
-                ]
-            }
-        }
-    }
-
-    /// Token for AVX-512F (plus AVX2 and FMA): 16 lanes in one `__m512`.
-    #[derive(Clone, Copy)]
-    pub(in super::super) struct Avx512 {
-        _checked: (),
-    }
-
-    impl Avx512 {
-        pub(in super::super) fn detect() -> Option<Self> {
-            (is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma"))
-            .then_some(Avx512 { _checked: () })
-        }
-
-        /// `q` read as i8, as f32.
-        #[inline(always)]
-        fn i8x16(self, q: &[u8; 16]) -> __m512 {
-            // SAFETY: as in the `Simd` impl below.
-            unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q.as_ptr().cast()))) }
-        }
-    }
-
-    // SAFETY (every `unsafe` block in this impl): an `Avx512` exists only if `detect`
-    // saw AVX-512F, AVX2 and FMA on this CPU; pointers come from references to arrays
-    // of at least the 64 bytes (16 f32), 32 bytes (16 u16) or 16 bytes read or written; `loadu`/`storeu`
-    // need no alignment.
-    impl Simd for Avx512 {
-        type V = __m512;
-        #[inline(always)]
-        fn zero(self) -> Self::V {
-            unsafe { _mm512_setzero_ps() }
-        }
-        #[inline(always)]
-        fn splat(self, v: f32) -> Self::V {
-            unsafe { _mm512_set1_ps(v) }
-        }
-        #[inline(always)]
-        fn load(self, h: &Half) -> Self::V {
-            unsafe { _mm512_loadu_ps(h.as_ptr()) }
-        }
-        #[inline(always)]
-        fn store(self, v: Self::V, h: &mut Half) {
-            unsafe { _mm512_storeu_ps(h.as_mut_ptr(), v) }
-        }
-        #[inline(always)]
-        fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
-            unsafe { _mm512_fmadd_ps(a, b, c) }
-        }
-        #[inline(always)]
-        fn mul(self, a: Self::V, b: Self::V) -> Self::V {
-            unsafe { _mm512_mul_ps(a, b) }
-        }
-        #[inline(always)]
-        fn add(self, a: Self::V, b: Self::V) -> Self::V {
-            unsafe { _mm512_add_ps(a, b) }
-        }
-        #[inline(always)]
-        fn nibbles(self, q: &[u8; 16]) -> [Self::V; 2] {
-            unsafe {
-                let v = _mm_loadu_si128(q.as_ptr().cast());
-                let mask = _mm_set1_epi8(0x0F);
-                let lo = _mm_and_si128(v, mask);
-                let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), mask);
-                [
-                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)),
-                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)),
-                ]
-            }
-        }
-        #[inline(always)]
-        fn signed_bytes(self, q: &[u8; 32]) -> [Self::V; 2] {
-            let (q, _) = q.as_chunks::<16>();
-            [self.i8x16(&q[0]), self.i8x16(&q[1])]
-        }
-        #[inline(always)]
-        fn f16s(self, h: &[u16; 16]) -> Self::V {
-            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr().cast())) }
-        }
-    }
+    out
 }

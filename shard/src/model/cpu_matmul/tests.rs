@@ -1,20 +1,42 @@
-use super::blocks::Tile;
-#[cfg(target_arch = "x86_64")]
-use super::simd::{Avx2, Avx512};
-use super::simd::{Portable, Simd};
 use super::*;
+#[cfg(target_arch = "x86_64")]
+use simd::{Avx2, Avx512};
 
-use std::time::{Duration, Instant};
+use std::borrow::Cow;
 
-use candle_core::quantized::QMatMul;
-use candle_core::Module;
+use candle_core::quantized::QStorage;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const FORMATS: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
+mod bench;
+mod real;
+
+/// Every format served.
+const FORMATS: [GgmlDType; 11] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+    GgmlDType::F32,
+    GgmlDType::F16,
+    GgmlDType::BF16,
+];
 
 fn random(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// `t`'s values, flattened.
+fn values(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
 }
 
 /// A random `[n, k]` matrix quantized to `dtype`: (candle's tensor, ours, dequantized).
@@ -23,14 +45,37 @@ fn matrix(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> (QTensor, CpuQuant
     let t = Tensor::from_vec(random(&mut rng, n * k), (n, k), &Device::Cpu).unwrap();
     let q = QTensor::quantize(&t, dtype).unwrap();
     let ours = CpuQuantMatrix::from_qtensor(&q).unwrap();
-    let w = q
-        .dequantize(&Device::Cpu)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
+    let w = values(&q.dequantize(&Device::Cpu).unwrap());
     (q, ours, w)
+}
+
+/// Where a block of `dtype` keeps f16 scales (byte offsets).
+fn f16_fields(dtype: GgmlDType) -> &'static [usize] {
+    match dtype {
+        GgmlDType::Q4_0 | GgmlDType::Q5_0 | GgmlDType::Q8_0 => &[0],
+        GgmlDType::Q4_1 | GgmlDType::Q5_1 | GgmlDType::Q4K | GgmlDType::Q5K => &[0, 2],
+        GgmlDType::Q6K => &[208],
+        _ => &[],
+    }
+}
+
+/// An `[n, k]` tensor of `dtype` made of random bytes: every bit pattern of the quants
+/// and packed scales, negative and zero scales (signed zeros); f16 scales kept finite (a
+/// NaN scale's payload is not a weight). Dense formats take any bits, NaN and infinity
+/// included.
+fn random_blocks(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> QTensor {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let (block, size) = (dtype.block_size(), dtype.type_size());
+    let mut data: Vec<u8> = (0..n * k / block * size).map(|_| rng.random()).collect();
+    for b in data.chunks_exact_mut(size) {
+        for &at in f16_fields(dtype) {
+            if b[at + 1] & 0x7C == 0x7C {
+                b[at + 1] &= !0x40; // exponent 31 (inf / NaN) → 15
+            }
+        }
+    }
+    let storage = QStorage::from_data(Cow::Owned(data), &Device::Cpu, dtype).unwrap();
+    QTensor::new(storage, (n, k)).unwrap()
 }
 
 /// Every kernel variant this CPU can run.
@@ -45,70 +90,120 @@ fn isas() -> Vec<Isa> {
     v
 }
 
-/// The `[n, k]` weights the tiles hold, row-major, as the kernel dequantizes them.
-fn dequantize_all<S: Simd, T: Tile>(s: S, tiles: &[T], n: usize, k: usize) -> Vec<f32> {
-    let nb = k / QK;
+/// All `n` rows of `m` as `isa`'s kernel dequantizes them.
+fn dequantize_with(m: &CpuQuantMatrix, isa: Isa) -> Vec<f32> {
+    let (n, k) = m.dims();
     let mut out = vec![0f32; n * k];
-    for (i, t) in tiles.iter().enumerate() {
-        let (g, b) = (i / nb, i % nb);
-        let scales = t.scales(s);
-        for j in 0..QK / 2 {
-            for (half, v) in t.pair(s, &scales, j).into_iter().enumerate() {
-                let mut h = [0.0; LANES];
-                s.store(v, &mut h);
-                for (c, w) in h.iter().enumerate() {
-                    let col = g * TILE + c;
-                    if col < n {
-                        out[col * k + b * QK + half * QK / 2 + j] = *w;
-                    }
-                }
-            }
-        }
+    for (i, row) in out.chunks_exact_mut(k).enumerate() {
+        m.tiles.row(i, row, isa);
     }
     out
 }
 
-fn dequantize_with<S: Simd>(s: S, m: &CpuQuantMatrix) -> Vec<f32> {
-    let (n, k) = m.dims();
-    match &m.tiles {
-        Tiles::Q4_0(t) => dequantize_all(s, t, n, k),
-        Tiles::Q4_1(t) => dequantize_all(s, t, n, k),
-        Tiles::Q8_0(t) => dequantize_all(s, t, n, k),
-        Tiles::F32(t) => dequantize_all(s, t, n, k),
+/// Asserts `got` and `want` are the same bits, naming the first difference.
+fn assert_same_bits(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "{what}, element {i}: {a} vs {b}");
+    }
+}
+
+#[test]
+fn tiles_hold_the_blocks_bytes_and_no_more() {
+    use blocks::*;
+    fn bytes<T: Tile>() -> (usize, usize) {
+        (std::mem::size_of::<T>(), TILE * T::RAW_BYTES)
+    }
+    for (name, (tile, blocks)) in [
+        ("q4_0", bytes::<Q4_0>()),
+        ("q4_1", bytes::<Q4_1>()),
+        ("q5_0", bytes::<Q5_0>()),
+        ("q5_1", bytes::<Q5_1>()),
+        ("q8_0", bytes::<Q8_0>()),
+        ("q4_k", bytes::<Q4K>()),
+        ("q5_k", bytes::<Q5K>()),
+        ("q6_k", bytes::<Q6K>()),
+        ("f32", bytes::<F32>()),
+        ("f16", bytes::<F16>()),
+        ("bf16", bytes::<Bf16>()),
+    ] {
+        assert_eq!(tile, blocks, "{name}");
     }
 }
 
 #[test]
 fn dequantization_matches_candle_bit_for_bit() {
-    for dtype in FORMATS {
-        let (n, k) = (37, 576); // not a multiple of 16: a padded tile too
-        let (_, ours, w) = matrix(dtype, n, k, 1);
-        for isa in isas() {
-            let got = match isa {
-                Isa::Portable => dequantize_with(Portable, &ours),
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2(t) => dequantize_with(t, &ours),
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512(t) => dequantize_with(t, &ours),
-            };
-            assert_eq!(got.len(), w.len());
-            for (i, (a, b)) in got.iter().zip(&w).enumerate() {
-                assert_eq!(
-                    a.to_bits(),
-                    b.to_bits(),
-                    "{dtype:?} {isa:?} element {i}: {a} vs {b}"
-                );
+    let (n, k) = (37, 512); // n not a multiple of 16: a padded tile too
+    for (f, dtype) in FORMATS.into_iter().enumerate() {
+        let quantized = matrix(dtype, n, k, 1 + f as u64).0;
+        let raw = random_blocks(dtype, n, k, 100 + f as u64);
+        for (source, q) in [("quantized", quantized), ("random bytes", raw)] {
+            let ours = CpuQuantMatrix::from_qtensor(&q).unwrap();
+            let w = values(&q.dequantize(&Device::Cpu).unwrap());
+            for isa in isas() {
+                let got = dequantize_with(&ours, isa);
+                assert_same_bits(&got, &w, &format!("{dtype:?} {source} {isa:?}"));
             }
         }
     }
+}
+
+#[test]
+fn row_into_is_to_float_of_that_row() {
+    let (n, k) = (21, 256);
+    for (f, dtype) in FORMATS.into_iter().enumerate() {
+        let q = random_blocks(dtype, n, k, 200 + f as u64);
+        let ours = CpuQuantMatrix::from_qtensor(&q).unwrap();
+        let w = values(&q.dequantize(&Device::Cpu).unwrap());
+        let mut row = vec![0f32; k];
+        for i in [0, 1, 15, 16, 20] {
+            ours.row_into(i, &mut row).unwrap();
+            assert_same_bits(&row, &w[i * k..(i + 1) * k], &format!("{dtype:?} row {i}"));
+        }
+        assert!(ours.row_into(n, &mut row).is_err());
+        assert!(ours.row_into(0, &mut row[1..]).is_err());
+    }
+}
+
+/// Σ x·w in f64 and Σ |x·w|.
+fn reference(x: &[f32], w: &[f32]) -> (f64, f64) {
+    x.iter().zip(w).fold((0.0, 0.0), |(sum, mag), (&x, &w)| {
+        let p = f64::from(x) * f64::from(w);
+        (sum + p, mag + p.abs())
+    })
+}
+
+/// Asserts every output of `y = x @ w^T` (`m` rows, `n` columns) is within the error
+/// bound of `k` sequential fmas relative to Σ|x·w| (and the final f64 → f32 rounding);
+/// returns the worst relative error.
+fn check_against_f64(x: &[f32], w: &[f32], y: &[f32], (m, n, k): (usize, usize, usize)) -> f64 {
+    let bound = (k + 1) as f64 * f64::from(f32::EPSILON) / 2.0;
+    let mut worst = 0f64;
+    for r in 0..m {
+        for j in 0..n {
+            let (exact, mag) = reference(&x[r * k..(r + 1) * k], &w[j * k..(j + 1) * k]);
+            let err = (f64::from(y[r * n + j]) - exact).abs();
+            assert!(
+                err <= bound * mag + 1e-30,
+                "m={m} k={k} n={n} ({r},{j}): {} vs {exact} (|x·w| {mag})",
+                y[r * n + j]
+            );
+            worst = worst.max(err / mag.max(1e-30));
+        }
+    }
+    worst
 }
 
 #[test]
 fn matches_f64_reference() {
     let mut worst = 0f64;
     for (f, dtype) in FORMATS.into_iter().enumerate() {
-        for k in [32, 576, 1536] {
-            for n in [1, 7, 576] {
+        let ks: &[usize] = match dtype.block_size() {
+            256 => &[256, 768, 1536],
+            _ => &[32, 576, 1536],
+        };
+        for &k in ks {
+            for n in [1, 7, 133] {
                 let (_, ours, w) = matrix(dtype, n, k, 10 + f as u64);
                 assert_eq!(ours.dims(), (n, k));
                 for m in [1, 3, 17, 32] {
@@ -117,27 +212,7 @@ fn matches_f64_reference() {
                     let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
                     let y = ours.forward(&xt).unwrap();
                     assert_eq!(y.dims(), &[m, n]);
-                    let y = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                    // Error bound of k sequential fmas (and the final f64 → f32
-                    // comparison), relative to Σ|x·w|.
-                    let bound = (k + 1) as f64 * f64::from(f32::EPSILON) / 2.0;
-                    for r in 0..m {
-                        for j in 0..n {
-                            let (mut exact, mut mag) = (0f64, 0f64);
-                            for i in 0..k {
-                                let p = f64::from(x[r * k + i]) * f64::from(w[j * k + i]);
-                                exact += p;
-                                mag += p.abs();
-                            }
-                            let err = (f64::from(y[r * n + j]) - exact).abs();
-                            assert!(
-                                err <= bound * mag + 1e-30,
-                                "{dtype:?} m={m} k={k} n={n} ({r},{j}): {} vs {exact} (|x·w| {mag})",
-                                y[r * n + j]
-                            );
-                            worst = worst.max(err / mag.max(1e-30));
-                        }
-                    }
+                    worst = worst.max(check_against_f64(&x, &w, &values(&y), (m, n, k)));
                 }
             }
         }
@@ -147,19 +222,17 @@ fn matches_f64_reference() {
 
 #[test]
 fn a_row_is_bitwise_the_same_alone_or_in_any_batch() {
-    let (n, k) = (101, 576); // n not a multiple of any column group: padded groups too
+    let (n, k) = (101, 512); // n not a multiple of any column group: padded groups too
     for (f, dtype) in FORMATS.into_iter().enumerate() {
         let (_, ours, _) = matrix(dtype, n, k, 20 + f as u64);
         let mut rng = ChaCha8Rng::seed_from_u64(99);
         let probe = random(&mut rng, k);
         let alone = ours.matmul(&probe, 1, isa(), None);
-        let via_forward = ours
-            .forward(&Tensor::from_vec(probe.clone(), (1, k), &Device::Cpu).unwrap())
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let via_forward = values(
+            &ours
+                .forward(&Tensor::from_vec(probe.clone(), (1, k), &Device::Cpu).unwrap())
+                .unwrap(),
+        );
         assert_eq!(bits(&alone), bits(&via_forward));
 
         for m in [1, 2, 5, 17, 32, 130] {
@@ -195,10 +268,6 @@ fn a_row_is_bitwise_the_same_alone_or_in_any_batch() {
     }
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
 #[test]
 fn forward_takes_any_leading_shape_and_layout() {
     let (n, k) = (13, 64);
@@ -208,11 +277,7 @@ fn forward_takes_any_leading_shape_and_layout() {
     let flat = ours.forward(&x).unwrap();
     let y3 = ours.forward(&x.reshape((2, 3, k)).unwrap()).unwrap();
     assert_eq!(y3.dims(), &[2, 3, n]);
-    let same = |a: &Tensor, b: &Tensor| {
-        let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(bits(&a), bits(&b));
-    };
+    let same = |a: &Tensor, b: &Tensor| assert_eq!(bits(&values(a)), bits(&values(b)));
     same(&y3, &flat);
     // Non-contiguous input (a transpose) and a non-zero start offset (a narrow).
     let xt = x.t().unwrap().contiguous().unwrap().t().unwrap();
@@ -232,180 +297,144 @@ fn forward_takes_any_leading_shape_and_layout() {
 }
 
 #[test]
-fn only_2d_q4_0_q4_1_q8_0_are_taken() {
+fn only_served_formats_and_2d_block_multiples_are_taken() {
     let t = |shape: &[usize]| {
         let len = shape.iter().product();
         Tensor::from_vec(vec![0.5f32; len], shape, &Device::Cpu).unwrap()
     };
     let q = |shape: &[usize], dtype| QTensor::quantize(&t(shape), dtype).unwrap();
-    for (dtype, name) in FORMATS.into_iter().zip(["q4_0", "q4_1", "q8_0"]) {
-        let m = CpuQuantMatrix::from_qtensor(&q(&[3, 64], dtype)).unwrap();
-        assert_eq!((m.dims(), m.dtype_name()), ((3, 64), name));
-        assert!(CpuQuantMatrix::from_qtensor(&q(&[2, 3, 64], dtype)).is_none());
-        assert!(CpuQuantMatrix::from_qtensor(&q(&[64], dtype)).is_none());
+    let names = [
+        "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "f32", "f16", "bf16",
+    ];
+    for (dtype, name) in FORMATS.into_iter().zip(names) {
+        assert!(CpuQuantMatrix::supports(dtype), "{dtype:?}");
+        assert!(CpuQuantMatrix::SERVED.contains(name));
+        let block = dtype.block_size().max(32);
+        let m = CpuQuantMatrix::from_qtensor(&q(&[3, 2 * block], dtype)).unwrap();
+        assert_eq!((m.dims(), m.dtype_name()), ((3, 2 * block), name));
+        assert!(CpuQuantMatrix::from_qtensor(&q(&[2, 3, block], dtype)).is_none());
+        assert!(CpuQuantMatrix::from_qtensor(&q(&[block], dtype)).is_none());
+        if dtype.block_size() == 1 {
+            // Dense rows must be whole blocks of 32 too.
+            assert!(CpuQuantMatrix::from_qtensor(&q(&[2, 48], dtype)).is_none());
+        }
     }
     for dtype in [
-        GgmlDType::Q4K,
-        GgmlDType::Q6K,
-        GgmlDType::F32,
-        GgmlDType::F16,
+        GgmlDType::Q2K,
+        GgmlDType::Q3K,
+        GgmlDType::Q8K,
+        GgmlDType::Q8_1,
     ] {
+        assert!(!CpuQuantMatrix::supports(dtype), "{dtype:?}");
         assert!(CpuQuantMatrix::from_qtensor(&q(&[2, 256], dtype)).is_none());
     }
-}
-
-/// Every Q4_0 / Q4_1 / Q8_0 matrix of the real model (skipped when the GGUF is not
-/// fetched): weights bit-identical to candle's, products within the f32 bound.
-#[test]
-fn real_model_matrices() {
-    use candle_core::quantized::gguf_file;
-    let data = std::env::var_os("SONDE_DATA_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data"));
-    let path = data.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let Ok(file) = std::fs::File::open(&path) else {
-        println!("skipped: no {}", path.display());
-        return;
-    };
-    let mut reader = std::io::BufReader::new(file);
-    let content = gguf_file::Content::read(&mut reader).unwrap();
-    let mut names: Vec<_> = content.tensor_infos.keys().cloned().collect();
-    names.sort();
-    let (mut taken, mut formats) = (0, std::collections::BTreeSet::new());
-    let mut rng = ChaCha8Rng::seed_from_u64(3);
-    for name in names {
-        let q = content.tensor(&mut reader, &name, &Device::Cpu).unwrap();
-        let Some(ours) = CpuQuantMatrix::from_qtensor(&q) else {
-            continue;
-        };
-        taken += 1;
-        formats.insert(ours.dtype_name());
-        let (n, k) = ours.dims();
-        let w = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap();
-        let w = w.to_vec1::<f32>().unwrap();
-        assert_eq!(bits(&dequantize_with(Portable, &ours)), bits(&w), "{name}");
-        let m = 2;
-        let x = random(&mut rng, m * k);
-        let y = ours.matmul(&x, m, isa(), None);
-        let bound = (k + 1) as f64 * f64::from(f32::EPSILON) / 2.0;
-        for r in 0..m {
-            for j in 0..n {
-                let (mut exact, mut mag) = (0f64, 0f64);
-                for i in 0..k {
-                    let p = f64::from(x[r * k + i]) * f64::from(w[j * k + i]);
-                    exact += p;
-                    mag += p.abs();
-                }
-                let err = (f64::from(y[r * n + j]) - exact).abs();
-                assert!(err <= bound * mag + 1e-30, "{name} ({r},{j})");
-            }
-        }
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let m = CpuQuantMatrix::from_dense(&t(&[2, 64]).to_dtype(dtype).unwrap()).unwrap();
+        assert_eq!(m.dims(), (2, 64));
+        assert!(CpuQuantMatrix::from_dense(&t(&[2, 40]).to_dtype(dtype).unwrap()).is_none());
     }
-    println!("{taken} matrices checked, formats {formats:?}");
-    assert!(taken > 0);
+    assert!(CpuQuantMatrix::from_dense(&t(&[2, 64]).to_dtype(DType::F64).unwrap()).is_none());
+    assert!(CpuQuantMatrix::from_dense(&t(&[2, 2, 64])).is_none());
 }
 
-/// Seconds per call of `f`: the best of several batches, each at least `min / 8` long,
-/// so other processes on a shared machine inflate the figure as little as possible.
-fn time(min: Duration, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut best = f64::INFINITY;
-    for _ in 0..8 {
-        let start = Instant::now();
-        let mut calls = 0u32;
-        while start.elapsed() < min / 8 || calls < 2 {
-            f();
-            calls += 1;
-        }
-        best = best.min(start.elapsed().as_secs_f64() / f64::from(calls));
-    }
-    best
-}
-
-/// `cargo test -p sonde-shard --release --lib cpu_matmul::tests::bench -- --ignored --nocapture`
+/// Dense f32 / f16 / bf16 tensors (as from safetensors): the rows are candle's values bit
+/// for bit (NaN and infinity included), the products exact and batch-invariant.
 #[test]
-#[ignore]
-fn bench() {
-    let min = Duration::from_millis(300);
-    println!(
-        "threads: {}, kernel: {:?}",
-        rayon::current_num_threads(),
-        isa()
-    );
-    let shapes = [(576, 1536), (1536, 576), (576, 49152)];
-    let one_thread = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
-    for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
-        for (k, n) in shapes {
-            let (q, ours, _) = matrix(dtype, n, k, 7);
-            let qmm = QMatMul::from_qtensor(q).unwrap();
-            for m in [1, 16, 32] {
-                let mut rng = ChaCha8Rng::seed_from_u64(8);
-                let x = Tensor::from_vec(random(&mut rng, m * k), (m, k), &Device::Cpu).unwrap();
-                let flops = 2.0 * (m * n * k) as f64;
-                let t_ours = time(min, || drop(ours.forward(&x).unwrap()));
-                let t_candle = time(min, || drop(qmm.forward(&x).unwrap()));
-                let xv = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                // Per core: every variant on one thread (the portable one only where it
-                // is not a libm call per multiply-add, i.e. not on x86).
-                let mut per_isa = String::new();
-                for isa in isas() {
-                    if matches!(isa, Isa::Portable) && cfg!(target_arch = "x86_64") {
-                        continue;
-                    }
-                    let t = one_thread
-                        .install(|| time(min / 2, || drop(ours.matmul(&xv, m, isa, None))));
-                    per_isa += &format!(" {isa:?} {:5.1}", flops / t / 1e9);
-                }
-                println!(
-                    "{dtype:?} m={m:2} k={k:4} n={n:5}: ours {:6.1} GFLOP/s {:8.1} µs | candle {:6.1} GFLOP/s {:8.1} µs | 1 thread:{per_isa}",
-                    flops / t_ours / 1e9,
-                    t_ours * 1e6,
-                    flops / t_candle / 1e9,
-                    t_candle * 1e6,
-                );
-            }
-        }
-    }
-}
-
-#[test]
-fn dense_f32_rows_are_exact_and_batch_invariant() {
+fn dense_rows_are_exact_and_batch_invariant() {
     let (m, k, n) = (17, 576, 40);
-    let w: Vec<f32> = (0..n * k)
-        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 31.0)
-        .collect();
-    let x: Vec<f32> = (0..m * k)
-        .map(|i| ((i * 13 % 89) as f32 - 44.0) / 17.0)
-        .collect();
-    let wt = Tensor::from_vec(w.clone(), (n, k), &Device::Cpu).unwrap();
-    let ours = CpuQuantMatrix::from_dense(&wt).unwrap();
-    assert_eq!(ours.dtype_name(), "f32");
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let mut w = random(&mut rng, n * k);
+    let x = random(&mut rng, m * k);
     let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
-    let all = ours.forward(&xt).unwrap().to_vec2::<f32>().unwrap();
-    for r in 0..m {
-        let alone = ours
-            .forward(&xt.narrow(0, r, 1).unwrap())
+    for (dtype, name) in [
+        (DType::F32, "f32"),
+        (DType::F16, "f16"),
+        (DType::BF16, "bf16"),
+    ] {
+        let wt = Tensor::from_vec(w.clone(), (n, k), &Device::Cpu)
             .unwrap()
-            .to_vec2::<f32>()
+            .to_dtype(dtype)
             .unwrap();
-        for c in 0..n {
-            assert_eq!(
-                alone[0][c].to_bits(),
-                all[r][c].to_bits(),
-                "row {r} col {c}"
+        let ours = CpuQuantMatrix::from_dense(&wt).unwrap();
+        assert_eq!(ours.dtype_name(), name);
+        let wf = values(&wt.to_dtype(DType::F32).unwrap());
+        for isa in isas() {
+            assert_same_bits(
+                &dequantize_with(&ours, isa),
+                &wf,
+                &format!("{name} {isa:?}"),
             );
-            let exact: f64 = (0..k)
-                .map(|i| x[r * k + i] as f64 * w[c * k + i] as f64)
-                .sum();
-            let scale: f64 = (0..k)
-                .map(|i| (x[r * k + i] as f64 * w[c * k + i] as f64).abs())
-                .sum();
-            assert!(
-                (all[r][c] as f64 - exact).abs() <= 1e-6 * scale,
-                "row {r} col {c}"
+        }
+        let all = values(&ours.forward(&xt).unwrap());
+        for r in 0..m {
+            let alone = values(&ours.forward(&xt.narrow(0, r, 1).unwrap()).unwrap());
+            assert_eq!(
+                bits(&alone),
+                bits(&all[r * n..(r + 1) * n]),
+                "{name} row {r}"
+            );
+        }
+        check_against_f64(&x, &wf, &all, (m, n, k));
+    }
+    // Special values (including signalling NaNs) survive as candle converts them.
+    let special = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.0,
+        1e-40,
+        f32::MAX,
+    ];
+    for (i, v) in special.iter().enumerate() {
+        w[i * 7] = *v;
+    }
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let mut wt = Tensor::from_vec(w.clone(), (n, k), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        if dtype != DType::F32 {
+            // A signalling NaN at element 1: the exponent all ones, the top mantissa bit clear.
+            let mut h: Vec<u16> = match dtype {
+                DType::F16 => wt
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<half::f16>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect(),
+                _ => wt
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<half::bf16>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect(),
+            };
+            h[1] = if dtype == DType::F16 { 0x7C01 } else { 0x7F81 };
+            wt = match dtype {
+                DType::F16 => Tensor::from_vec(
+                    h.into_iter().map(half::f16::from_bits).collect(),
+                    (n, k),
+                    &Device::Cpu,
+                ),
+                _ => Tensor::from_vec(
+                    h.into_iter().map(half::bf16::from_bits).collect(),
+                    (n, k),
+                    &Device::Cpu,
+                ),
+            }
+            .unwrap();
+        }
+        let ours = CpuQuantMatrix::from_dense(&wt).unwrap();
+        let wf = values(&wt.to_dtype(DType::F32).unwrap());
+        for isa in isas() {
+            assert_same_bits(
+                &dequantize_with(&ours, isa),
+                &wf,
+                &format!("{dtype:?} special {isa:?}"),
             );
         }
     }

@@ -1,0 +1,250 @@
+//! The K-quant super-blocks of 256 inputs: Q4_K, Q5_K, Q6_K.
+//!
+//! Q4_K / Q5_K: four parts of 32 pairs, part `p` = the 64 inputs `64 p ..`, pair `l` =
+//! inputs `64 p + l` (sub-block `2 p`, the low nibble of byte `l`) and `64 p + 32 + l`
+//! (sub-block `2 p + 1`, the high nibble). `w = d1 * q - m1` with `d1 = d * sc`, `m1 =
+//! dmin * m` as candle computes them (6-bit `sc`, `m` times an f16: exact), and `d1 * q`
+//! exact too (≤ 17 + 5 significant bits), so the fused `fma(q, d1, -m1)` rounds the same
+//! exact difference once, as candle's `d1 * q - m1` does.
+//!
+//! Q6_K: eight parts of 16 pairs (its scales change every 16 inputs), part `p` = half
+//! `h = p / 4` (inputs `128 h ..`), pairs `j = 16 (p % 4) ..` of it, each the inputs
+//! `128 h + j` (the low nibble of `ql` byte `j`) and `128 h + j + 64` (its high nibble).
+//! `w = (d * sc) * q`: `d * sc` is exact (11 + 8 bits), the second product may round, and
+//! is computed in that same order.
+
+use super::super::simd::{Bytes, Simd};
+use super::{f16_at, set_bit, Scales, Tile, TILE};
+
+/// The 12 packed scale bytes of 16 columns, two bytes a row: `sc[i][c]` is column `c`'s
+/// byte `2 i`, `sc[i][16 + c]` its byte `2 i + 1`.
+type PackedScales = [Bytes; 6];
+
+fn set_packed_scales(sc: &mut PackedScales, c: usize, raw: &[u8]) {
+    for (i, row) in sc.iter_mut().enumerate() {
+        row[c] = raw[2 * i];
+        row[TILE + c] = raw[2 * i + 1];
+    }
+}
+
+/// Part `p`'s 6-bit scales and mins (ggml's `get_scale_min_k4` for sub-blocks `2 p` and
+/// `2 p + 1`), in the pair layout: `(sc, m)`.
+#[inline(always)]
+fn scale_min<S: Simd>(s: S, sc: &PackedScales, p: usize) -> (S::B, S::B) {
+    if p < 2 {
+        let low6 = s.splat_bytes(63);
+        (
+            s.and(s.bytes(&sc[p]), low6),
+            s.and(s.bytes(&sc[p + 2]), low6),
+        )
+    } else {
+        // The low four bits from bytes `j + 4`, the top two from bits 6..8 of bytes
+        // `j - 4` (scale) and `j` (min): `(x >> 6) << 4` is `(x >> 2) & 0x30`.
+        let (low4, top2) = (s.splat_bytes(0x0F), s.splat_bytes(0x30));
+        let base = s.bytes(&sc[p + 2]);
+        let scale = s.or(
+            s.and(base, low4),
+            s.and(s.shr16(s.bytes(&sc[p - 2]), 2), top2),
+        );
+        let min = s.or(
+            s.and(s.shr16(base, 4), low4),
+            s.and(s.shr16(s.bytes(&sc[p]), 2), top2),
+        );
+        (scale, min)
+    }
+}
+
+/// Part `p`'s `[d1, -m1, d2, -m2]` (sub-blocks `2 p` and `2 p + 1`).
+#[inline(always)]
+fn kscales<S: Simd>(s: S, d: &Scales, dmin: &Scales, sc: &PackedScales, p: usize) -> [S::V; 4] {
+    let (scale, min) = scale_min(s, sc, p);
+    let [s1, s2] = s.widen_unsigned(scale);
+    let [m1, m2] = s.widen_unsigned(min);
+    let d = s.f16s(d);
+    // `(-dmin) * m` is `-(dmin * m)`, rounded alike (exactly).
+    let minus_dmin = s.mul(s.f16s(dmin), s.splat(-1.0));
+    [
+        s.mul(d, s1),
+        s.mul(minus_dmin, m1),
+        s.mul(d, s2),
+        s.mul(minus_dmin, m2),
+    ]
+}
+
+/// Q4_K: `{d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128]}` per column.
+#[derive(Clone, Copy)]
+pub(in super::super) struct Q4K {
+    d: Scales,
+    dmin: Scales,
+    sc: PackedScales,
+    /// `qs[32 p + l][c]`: column `c`'s byte `32 p + l` (inputs `64 p + l`, `64 p + 32 + l`).
+    qs: [[u8; TILE]; 128],
+}
+
+impl Tile for Q4K {
+    const RAW_BYTES: usize = 144;
+    const PARTS: usize = 4;
+    const PAIRS: usize = 32;
+    const SPAN: usize = 32;
+    const ZERO: Self = Q4K {
+        d: [0; TILE],
+        dmin: [0; TILE],
+        sc: [[0; 2 * TILE]; 6],
+        qs: [[0; TILE]; 128],
+    };
+    type Scales<S: Simd> = [S::V; 4];
+    fn set_column(&mut self, c: usize, raw: &[u8]) {
+        self.d[c] = f16_at(raw, 0);
+        self.dmin[c] = f16_at(raw, 2);
+        set_packed_scales(&mut self.sc, c, &raw[4..16]);
+        for (r, q) in self.qs.iter_mut().enumerate() {
+            q[c] = raw[16 + r];
+        }
+    }
+    #[inline(always)]
+    fn scales<S: Simd>(&self, s: S, p: usize) -> [S::V; 4] {
+        kscales(s, &self.d, &self.dmin, &self.sc, p)
+    }
+    #[inline(always)]
+    fn pair<S: Simd>(&self, s: S, sc: &[S::V; 4], p: usize, l: usize) -> [S::V; 2] {
+        let [d1, m1, d2, m2] = *sc;
+        let [lo, hi] = s.widen_unsigned(s.nibble_bytes(&self.qs[32 * p + l]));
+        [s.mul_add(lo, d1, m1), s.mul_add(hi, d2, m2)]
+    }
+}
+
+/// Q5_K: `{d, dmin, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]}` per column; input
+/// `64 p + l` has its 5th bit in bit `2 p` of `qh[l]`, input `64 p + 32 + l` in bit `2 p + 1`.
+#[derive(Clone, Copy)]
+pub(in super::super) struct Q5K {
+    d: Scales,
+    dmin: Scales,
+    sc: PackedScales,
+    /// Bit planes: `qh[p][l]` bit `c` is the 5th bit of column `c`'s input `64 p + l`, bit
+    /// `16 + c` that of its input `64 p + 32 + l` (the same 32 bytes per column).
+    qh: [[u32; 32]; 4],
+    qs: [[u8; TILE]; 128],
+}
+
+impl Tile for Q5K {
+    const RAW_BYTES: usize = 176;
+    const PARTS: usize = 4;
+    const PAIRS: usize = 32;
+    const SPAN: usize = 32;
+    const ZERO: Self = Q5K {
+        d: [0; TILE],
+        dmin: [0; TILE],
+        sc: [[0; 2 * TILE]; 6],
+        qh: [[0; 32]; 4],
+        qs: [[0; TILE]; 128],
+    };
+    type Scales<S: Simd> = [S::V; 4];
+    fn set_column(&mut self, c: usize, raw: &[u8]) {
+        self.d[c] = f16_at(raw, 0);
+        self.dmin[c] = f16_at(raw, 2);
+        set_packed_scales(&mut self.sc, c, &raw[4..16]);
+        for (p, planes) in self.qh.iter_mut().enumerate() {
+            for (l, plane) in planes.iter_mut().enumerate() {
+                let h = raw[16 + l];
+                set_bit(plane, c, (h >> (2 * p)) & 1 == 1);
+                set_bit(plane, TILE + c, (h >> (2 * p + 1)) & 1 == 1);
+            }
+        }
+        for (r, q) in self.qs.iter_mut().enumerate() {
+            q[c] = raw[48 + r];
+        }
+    }
+    #[inline(always)]
+    fn scales<S: Simd>(&self, s: S, p: usize) -> [S::V; 4] {
+        kscales(s, &self.d, &self.dmin, &self.sc, p)
+    }
+    #[inline(always)]
+    fn pair<S: Simd>(&self, s: S, sc: &[S::V; 4], p: usize, l: usize) -> [S::V; 2] {
+        let [d1, m1, d2, m2] = *sc;
+        let fifth = s.and(s.bits(&self.qh[p][l]), s.splat_bytes(0x10));
+        let q = s.or(s.nibble_bytes(&self.qs[32 * p + l]), fifth);
+        let [lo, hi] = s.widen_unsigned(q);
+        [s.mul_add(lo, d1, m1), s.mul_add(hi, d2, m2)]
+    }
+}
+
+/// Q6_K: `{ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16}` per column, `w = (d *
+/// sc) * (q6 - 32)`.
+#[derive(Clone, Copy)]
+pub(in super::super) struct Q6K {
+    d: Scales,
+    /// `sc[p]`: the scales of part `p`'s two inputs of a pair (`scales[8 h + p % 4]` in
+    /// bytes 0..16, `scales[8 h + p % 4 + 4]` in 16..32), as i8.
+    sc: [Bytes; 8],
+    /// `ql[64 h + j][c]`: column `c`'s `ql` byte `64 h + j`.
+    ql: [[u8; TILE]; 128],
+    /// The two upper bits, re-laid in the pair layout: `qh[16 h + t]` byte `c` holds, in
+    /// bits `2 i ..= 2 i + 1`, those of column `c`'s input `128 h + 16 i + t` (pair `t` of
+    /// part `4 h + i`), byte `16 + c` those of its input 64 further on. The same 64 bytes
+    /// per column, arranged so that a part takes them with one shift.
+    qh: [Bytes; 32],
+}
+
+/// The two upper bits of Q6_K input `128 h + i` of a column with `qh` bytes `raw` (ggml:
+/// byte `l` holds inputs `l`, `l + 32`, `l + 64`, `l + 96` of a half at bits 0, 2, 4, 6).
+fn q6_upper(raw: &[u8], h: usize, i: usize) -> u8 {
+    (raw[32 * h + i % 32] >> (2 * (i / 32))) & 3
+}
+
+impl Tile for Q6K {
+    const RAW_BYTES: usize = 210;
+    const PARTS: usize = 8;
+    const PAIRS: usize = 16;
+    const SPAN: usize = 64;
+    const ZERO: Self = Q6K {
+        d: [0; TILE],
+        sc: [[0; 2 * TILE]; 8],
+        ql: [[0; TILE]; 128],
+        qh: [[0; 2 * TILE]; 32],
+    };
+    type Scales<S: Simd> = [S::V; 2];
+    fn set_column(&mut self, c: usize, raw: &[u8]) {
+        for (r, q) in self.ql.iter_mut().enumerate() {
+            q[c] = raw[r];
+        }
+        let qh = &raw[128..192];
+        for (r, q) in self.qh.iter_mut().enumerate() {
+            let (h, t) = (r / 16, r % 16);
+            let (mut lo, mut hi) = (0, 0);
+            for i in 0..4 {
+                lo |= q6_upper(qh, h, 16 * i + t) << (2 * i);
+                hi |= q6_upper(qh, h, 16 * i + t + 64) << (2 * i);
+            }
+            q[c] = lo;
+            q[TILE + c] = hi;
+        }
+        for (p, sc) in self.sc.iter_mut().enumerate() {
+            let (h, i) = (p / 4, p % 4);
+            sc[c] = raw[192 + 8 * h + i];
+            sc[TILE + c] = raw[192 + 8 * h + i + 4];
+        }
+        self.d[c] = f16_at(raw, 208);
+    }
+    #[inline(always)]
+    fn scales<S: Simd>(&self, s: S, p: usize) -> [S::V; 2] {
+        let d = s.f16s(&self.d);
+        let [lo, hi] = s.widen_signed(s.bytes(&self.sc[p]));
+        [s.mul(d, lo), s.mul(d, hi)]
+    }
+    #[inline(always)]
+    fn pair<S: Simd>(&self, s: S, sc: &[S::V; 2], p: usize, t: usize) -> [S::V; 2] {
+        let (h, i) = (p / 4, p % 4);
+        // Bits `2 i ..` of the re-laid `qh` to bits 4 and 5, beside the nibble.
+        let upper = s.bytes(&self.qh[16 * h + t]);
+        let upper = match i {
+            3 => s.shr16(upper, 2),
+            _ => s.shl16(upper, 4 - 2 * i as u32),
+        };
+        let q6 = s.or(
+            s.nibble_bytes(&self.ql[64 * h + 16 * i + t]),
+            s.and(upper, s.splat_bytes(0x30)),
+        );
+        let [lo, hi] = s.widen_signed(s.sub_bytes(q6, s.splat_bytes(32)));
+        [s.mul(sc[0], lo), s.mul(sc[1], hi)]
+    }
+}

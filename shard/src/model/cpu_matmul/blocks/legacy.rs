@@ -1,0 +1,222 @@
+//! The 32-input ggml blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0. One part of 16 pairs, pair `j`
+//! = inputs `j` and `j + 16` (byte `j` holds both in Q4/Q5; Q8_0 keeps them 16 bytes
+//! apart).
+//!
+//! Why the weights equal candle's `to_float` bit for bit: `q * d` is exact in f32 (|q| ≤
+//! 128 has at most 8 significant bits, an f16 scale at most 11), so the only rounding is
+//! Q4_1's and Q5_1's `+ m`, and a fused `q * d + m` rounds that same exact sum once
+//! (signed zeros included). The offsets (`q - 8`, `q - 16`) are applied to the integer
+//! before it is scaled, as candle does, never as `q * d - 8 * d` (which gives +0.0 where
+//! candle gives -0.0 for a negative `d`).
+
+use super::super::simd::{Bytes, Simd};
+use super::{f16_at, set_bit, Scales, Tile, TILE};
+
+/// Q4_0: `{d: f16, qs: [u8; 16]}` per column, `w = (nibble - 8) * d`.
+#[derive(Clone, Copy)]
+pub(in super::super) struct Q4_0 {
+    d: Scales,
+    /// `qs[j][c]`: column `c`'s byte `j` (inputs `j` and `j + 16`).
+    qs: [[u8; TILE]; 16],
+}
+
+impl Tile for Q4_0 {
+    const RAW_BYTES: usize = 18;
+    const PARTS: usize = 1;
+    const PAIRS: usize = 16;
+    const SPAN: usize = 16;
+    const ZERO: Self = Q4_0 {
+        d: [0; TILE],
+        qs: [[0; TILE]; 16],
+    };
+    type Scales<S: Simd> = [S::V; 2];
+    fn set_column(&mut self, c: usize, raw: &[u8]) {
+        self.d[c] = f16_at(raw, 0);
+        for (j, q) in self.qs.iter_mut().enumerate() {
+            q[c] = raw[2 + j];
+        }
+    }
+    #[inline(always)]
+    fn scales<S: Simd>(&self, s: S, _: usize) -> [S::V; 2] {
+        [s.f16s(&self.d), s.splat(-8.0)]
+    }
+    #[inline(always)]
+    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], _: usize, j: usize) -> [S::V; 2] {
+        // `(nibble - 8) * d`, both steps exact.
+        let [d, minus8] = *scales;
+        let [lo, hi] = s.nibbles(&self.qs[j]);
+        [s.mul(s.add(lo, minus8), d), s.mul(s.add(hi, minus8), d)]
+    }
+}
+
+/// Q4_1: `{d: f16, m: f16, qs: [u8; 16]}` per column, `w = nibble * d + m`.
+#[derive(Clone, Copy)]
+pub(in super::super) struct Q4_1 {
+    d: Scales,
+    m: Scales,
+    qs: [[u8; TILE]; 16],
+}
+
+impl Tile for Q4_1 {
+    const RAW_BYTES: usize = 20;
+    const PARTS: usize = 1;
+    const PAIRS: usize = 16;
+    const SPAN: usize = 16;
+    const ZERO: Self = Q4_1 {
+        d: [0; TILE],
+        m: [0; TILE],
+        qs: [[0; TILE]; 16],
+    };
+    type Scales<S: Simd> = [S::V; 2];
+    fn set_column(&mut self, c: usize, raw: &[u8]) {
+        self.d[c] = f16_at(raw, 0);
+        self.m[c] = f16_at(raw, 2);
+        for (j, q) in self.qs.iter_mut().enumerate() {
+            q[c] = raw[4 + j];
+        }
+    }
+    #[inline(always)]
+    fn scales<S: Simd>(&self, s: S, _: usize) -> [S::V; 2] {
+        [s.f16s(&self.d), s.f16s(&self.m)]
+    }
+    #[inline(always)]
+    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], _: usize, j: usize) -> [S::V; 2] {
+        let [d, m] = *scales;
+        let [lo, hi] = s.nibbles(&self.qs[j]);
+        [s.mul_add(lo, d, m), s.mul_add(hi, d, m)]
+    }
+}
+
+/// The 5th bits of a Q5 block, re-laid as bit planes: `qh[j]` bit `c` is column `c`'s
+/// bit `j` (input `j`), bit `16 + c` its bit `j + 16` — the same 4 bytes per column.
+fn set_fifth_bits(qh: &mut [u32; 16], c: usize, raw: &[u8]) {
+    let h = u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]);
+    for (j, q) in qh.iter_mut().enumerate() {
+        set_bit(q, c, (h >> j) & 1 == 1);
+        set_bit(q, TILE + c, (h >> (j + 16)) & 1 == 1);
+    }
+}
+
+/// Q5_0: `{d: f16, qh: u32, qs: [u8; 16]}` per column, `w = (q5 - 16) * d` with `q5` a
+/// nibble and its 5th bit from `qh`.
+#[derive(Clone, Copy)]
+pub(in super::super) struct Q5_0 {
+    d: Scales,
+    qh: [u32; 16],
+    qs: [[u8; TILE]; 16],
+}
+
+impl Tile for Q5_0 {
+    const RAW_BYTES: usize = 22;
+    const PARTS: usize = 1;
+    const PAIRS: usize = 16;
+    const SPAN: usize = 16;
+    const ZERO: Self = Q5_0 {
+        d: [0; TILE],
+        qh: [0; 16],
+        qs: [[0; TILE]; 16],
+    };
+    type Scales<S: Simd> = S::V;
+    fn set_column(&mut self, c: usize, raw: &[u8]) {
+        self.d[c] = f16_at(raw, 0);
+        set_fifth_bits(&mut self.qh, c, &raw[2..6]);
+        for (j, q) in self.qs.iter_mut().enumerate() {
+            q[c] = raw[6 + j];
+        }
+    }
+    #[inline(always)]
+    fn scales<S: Simd>(&self, s: S, _: usize) -> S::V {
+        s.f16s(&self.d)
+    }
+    #[inline(always)]
+    fn pair<S: Simd>(&self, s: S, d: &S::V, _: usize, j: usize) -> [S::V; 2] {
+        // `q5 - 16` as an i8: the nibble where the 5th bit is set, else the nibble with
+        // its upper four bits set (`nibble | 0xF0` is `nibble - 16`). Then `* d`, exact.
+        let fifth = s.bits(&self.qh[j]);
+        let q = s.or(
+            s.nibble_bytes(&self.qs[j]),
+            s.and_not(fifth, s.splat_bytes(0xF0)),
+        );
+        let [lo, hi] = s.widen_signed(q);
+        [s.mul(lo, *d), s.mul(hi, *d)]
+    }
+}
+
+/// Q5_1: `{d: f16, m: f16, qh: u32, qs: [u8; 16]}` per column, `w = q5 * d + m`.
+#[derive(Clone, Copy)]
+pub(in super::super) struct Q5_1 {
+    d: Scales,
+    m: Scales,
+    qh: [u32; 16],
+    qs: [[u8; TILE]; 16],
+}
+
+impl Tile for Q5_1 {
+    const RAW_BYTES: usize = 24;
+    const PARTS: usize = 1;
+    const PAIRS: usize = 16;
+    const SPAN: usize = 16;
+    const ZERO: Self = Q5_1 {
+        d: [0; TILE],
+        m: [0; TILE],
+        qh: [0; 16],
+        qs: [[0; TILE]; 16],
+    };
+    type Scales<S: Simd> = [S::V; 2];
+    fn set_column(&mut self, c: usize, raw: &[u8]) {
+        self.d[c] = f16_at(raw, 0);
+        self.m[c] = f16_at(raw, 2);
+        set_fifth_bits(&mut self.qh, c, &raw[4..8]);
+        for (j, q) in self.qs.iter_mut().enumerate() {
+            q[c] = raw[8 + j];
+        }
+    }
+    #[inline(always)]
+    fn scales<S: Simd>(&self, s: S, _: usize) -> [S::V; 2] {
+        [s.f16s(&self.d), s.f16s(&self.m)]
+    }
+    #[inline(always)]
+    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], _: usize, j: usize) -> [S::V; 2] {
+        let [d, m] = *scales;
+        let fifth = s.and(s.bits(&self.qh[j]), s.splat_bytes(0x10));
+        let q = s.or(s.nibble_bytes(&self.qs[j]), fifth);
+        let [lo, hi] = s.widen_unsigned(q);
+        [s.mul_add(lo, d, m), s.mul_add(hi, d, m)]
+    }
+}
+
+/// Q8_0: `{d: f16, qs: [i8; 32]}` per column, `w = q * d`.
+#[derive(Clone, Copy)]
+pub(in super::super) struct Q8_0 {
+    d: Scales,
+    /// `qs[j][c]`: column `c`'s input `j`; `qs[j][16 + c]`: its input `j + 16`.
+    qs: [Bytes; 16],
+}
+
+impl Tile for Q8_0 {
+    const RAW_BYTES: usize = 34;
+    const PARTS: usize = 1;
+    const PAIRS: usize = 16;
+    const SPAN: usize = 16;
+    const ZERO: Self = Q8_0 {
+        d: [0; TILE],
+        qs: [[0; 2 * TILE]; 16],
+    };
+    type Scales<S: Simd> = S::V;
+    fn set_column(&mut self, c: usize, raw: &[u8]) {
+        self.d[c] = f16_at(raw, 0);
+        for (j, q) in self.qs.iter_mut().enumerate() {
+            q[c] = raw[2 + j];
+            q[TILE + c] = raw[2 + 16 + j];
+        }
+    }
+    #[inline(always)]
+    fn scales<S: Simd>(&self, s: S, _: usize) -> S::V {
+        s.f16s(&self.d)
+    }
+    #[inline(always)]
+    fn pair<S: Simd>(&self, s: S, d: &S::V, _: usize, j: usize) -> [S::V; 2] {
+        let [lo, hi] = s.signed_bytes(&self.qs[j]);
+        [s.mul(lo, *d), s.mul(hi, *d)]
+    }
+}

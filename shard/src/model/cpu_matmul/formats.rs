@@ -1,0 +1,159 @@
+//! The formats served: which tile type holds which `GgmlDType`, and the one `match` that
+//! sends each operation to the code of its format.
+
+use candle_core::quantized::GgmlDType;
+
+use super::blocks::{tiles, Bf16, Tile, F16, F32, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::kernel::{self, Isa};
+use super::run_tasks;
+
+/// A matrix's tiles, one variant per format.
+#[derive(Clone)]
+pub(super) enum Tiles {
+    Q4_0(Vec<Q4_0>),
+    Q4_1(Vec<Q4_1>),
+    Q5_0(Vec<Q5_0>),
+    Q5_1(Vec<Q5_1>),
+    Q8_0(Vec<Q8_0>),
+    Q4K(Vec<Q4K>),
+    Q5K(Vec<Q5K>),
+    Q6K(Vec<Q6K>),
+    F32(Vec<F32>),
+    F16(Vec<F16>),
+    Bf16(Vec<Bf16>),
+}
+
+/// `$body` with `$t` bound to the tiles of whichever format `$tiles` holds, and the type
+/// `$T` to its tile type.
+macro_rules! each {
+    ($tiles:expr, $t:ident: $T:ident => $body:expr) => {
+        match $tiles {
+            Tiles::Q4_0($t) => {
+                type $T = Q4_0;
+                $body
+            }
+            Tiles::Q4_1($t) => {
+                type $T = Q4_1;
+                $body
+            }
+            Tiles::Q5_0($t) => {
+                type $T = Q5_0;
+                $body
+            }
+            Tiles::Q5_1($t) => {
+                type $T = Q5_1;
+                $body
+            }
+            Tiles::Q8_0($t) => {
+                type $T = Q8_0;
+                $body
+            }
+            Tiles::Q4K($t) => {
+                type $T = Q4K;
+                $body
+            }
+            Tiles::Q5K($t) => {
+                type $T = Q5K;
+                $body
+            }
+            Tiles::Q6K($t) => {
+                type $T = Q6K;
+                $body
+            }
+            Tiles::F32($t) => {
+                type $T = F32;
+                $body
+            }
+            Tiles::F16($t) => {
+                type $T = F16;
+                $body
+            }
+            Tiles::Bf16($t) => {
+                type $T = Bf16;
+                $body
+            }
+        }
+    };
+}
+
+pub(super) fn supports(dtype: GgmlDType) -> bool {
+    use GgmlDType as D;
+    matches!(
+        dtype,
+        D::Q4_0
+            | D::Q4_1
+            | D::Q5_0
+            | D::Q5_1
+            | D::Q8_0
+            | D::Q4K
+            | D::Q5K
+            | D::Q6K
+            | D::F32
+            | D::F16
+            | D::BF16
+    )
+}
+
+/// The tiles of `n` rows of `k` inputs stored as `data` in `T`'s blocks; `None` unless
+/// `k` is a positive multiple of the block and `data` the right length.
+fn build<T: Tile>(data: &[u8], n: usize, k: usize) -> Option<Vec<T>> {
+    if k == 0 || !k.is_multiple_of(T::INPUTS) {
+        return None;
+    }
+    tiles(data, n, k / T::INPUTS)
+}
+
+impl Tiles {
+    /// The tiles of an `[n, k]` matrix of `dtype` stored (GGUF / candle layout) as `data`.
+    pub(super) fn new(dtype: GgmlDType, data: &[u8], n: usize, k: usize) -> Option<Self> {
+        use GgmlDType as D;
+        Some(match dtype {
+            D::Q4_0 => Tiles::Q4_0(build(data, n, k)?),
+            D::Q4_1 => Tiles::Q4_1(build(data, n, k)?),
+            D::Q5_0 => Tiles::Q5_0(build(data, n, k)?),
+            D::Q5_1 => Tiles::Q5_1(build(data, n, k)?),
+            D::Q8_0 => Tiles::Q8_0(build(data, n, k)?),
+            D::Q4K => Tiles::Q4K(build(data, n, k)?),
+            D::Q5K => Tiles::Q5K(build(data, n, k)?),
+            D::Q6K => Tiles::Q6K(build(data, n, k)?),
+            D::F32 => Tiles::F32(build(data, n, k)?),
+            D::F16 => Tiles::F16(build(data, n, k)?),
+            D::BF16 => Tiles::Bf16(build(data, n, k)?),
+            _ => return None,
+        })
+    }
+
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            Tiles::Q4_0(_) => "q4_0",
+            Tiles::Q4_1(_) => "q4_1",
+            Tiles::Q5_0(_) => "q5_0",
+            Tiles::Q5_1(_) => "q5_1",
+            Tiles::Q8_0(_) => "q8_0",
+            Tiles::Q4K(_) => "q4_k",
+            Tiles::Q5K(_) => "q5_k",
+            Tiles::Q6K(_) => "q6_k",
+            Tiles::F32(_) => "f32",
+            Tiles::F16(_) => "f16",
+            Tiles::Bf16(_) => "bf16",
+        }
+    }
+
+    /// Runs the column tasks of a product with rows of `k` inputs (see
+    /// [`run_tasks`]).
+    pub(super) fn run(
+        &self,
+        x: &[f32],
+        k: usize,
+        cols: usize,
+        tasks: Vec<Vec<&mut [f32]>>,
+        isa: Isa,
+    ) {
+        each!(self, t: T => run_tasks(t, k / T::INPUTS, x, cols, tasks, isa))
+    }
+
+    /// Weight row `i` into `out` (`k` values), with the kernel variant `isa`.
+    pub(super) fn row(&self, i: usize, out: &mut [f32], isa: Isa) {
+        each!(self, t: T => kernel::row(t, out.len() / T::INPUTS, i, out, isa))
+    }
+}

@@ -1,0 +1,71 @@
+//! Speed against candle's `QMatMul` on the same tensors (ignored: run by hand).
+
+use super::*;
+
+use std::time::{Duration, Instant};
+
+use candle_core::quantized::QMatMul;
+use candle_core::Module;
+
+/// Seconds per call of `f`: the best of several batches, each at least `min / 8` long,
+/// so other processes on a shared machine inflate the figure as little as possible.
+fn time(min: Duration, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut best = f64::INFINITY;
+    for _ in 0..8 {
+        let start = Instant::now();
+        let mut calls = 0u32;
+        while start.elapsed() < min / 8 || calls < 2 {
+            f();
+            calls += 1;
+        }
+        best = best.min(start.elapsed().as_secs_f64() / f64::from(calls));
+    }
+    best
+}
+
+/// `RAYON_NUM_THREADS=T CANDLE_NUM_THREADS=T cargo test -p sonde-shard --release --lib
+/// cpu_matmul::tests::bench -- --ignored --nocapture`, for T = 1 and 2 (candle's pool
+/// reads its thread count once per process). `SONDE_BENCH_FORMATS=q4_k,q6_k` picks
+/// formats. GB/s: the weights' bytes streamed per second (at 1 row, the decode cost).
+#[test]
+#[ignore]
+fn bench() {
+    let min = Duration::from_millis(300);
+    println!(
+        "threads: {}, kernel: {:?}",
+        rayon::current_num_threads(),
+        isa()
+    );
+    let wanted = std::env::var("SONDE_BENCH_FORMATS").unwrap_or_default();
+    // Gemma 3 270M's projections: 640 → 2048 (gate/up) and 2048 → 640 (down).
+    let shapes: [(usize, usize); 2] = [(640, 2048), (2048, 640)];
+    for dtype in FORMATS {
+        let name = format!("{dtype:?}");
+        if !wanted.is_empty() && !wanted.split(',').any(|w| w.eq_ignore_ascii_case(&name)) {
+            continue;
+        }
+        for (k, n) in shapes {
+            // K-quant rows must be whole super-blocks.
+            let k = k.next_multiple_of(dtype.block_size());
+            let (q, ours, _) = matrix(dtype, n, k, 7);
+            let bytes = q.storage_size_in_bytes() as f64;
+            let qmm = QMatMul::from_qtensor(q).unwrap();
+            for m in [1, 16] {
+                let mut rng = ChaCha8Rng::seed_from_u64(8);
+                let x = Tensor::from_vec(random(&mut rng, m * k), (m, k), &Device::Cpu).unwrap();
+                let flops = 2.0 * (m * n * k) as f64;
+                let t_ours = time(min, || drop(ours.forward(&x).unwrap()));
+                let t_candle = time(min, || drop(qmm.forward(&x).unwrap()));
+                println!(
+                    "BENCH {name:>5} m={m:2} k={k:4} n={n:4}: ours {:6.1} GFLOP/s {:7.1} µs {:5.1} GB/s | candle {:6.1} GFLOP/s {:7.1} µs",
+                    flops / t_ours / 1e9,
+                    t_ours * 1e6,
+                    bytes / t_ours / 1e9,
+                    flops / t_candle / 1e9,
+                    t_candle * 1e6,
+                );
+            }
+        }
+    }
+}
