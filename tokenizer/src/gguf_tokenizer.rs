@@ -15,6 +15,7 @@ use tokenizers::processors::template::{SpecialToken, TemplateProcessing};
 use tokenizers::{AddedToken, DecoderWrapper, SplitDelimiterBehavior, Tokenizer};
 
 use crate::error::TokenizerError;
+use crate::gguf_encoder::GgufEncoder;
 use crate::gguf_vocab::{GgufVocab, TokenType};
 use crate::model_tokenizer::{SpecialTokens, TokenizerParts};
 use crate::pretokenizer::PreTokenizerKind;
@@ -56,7 +57,11 @@ pub(crate) fn parts(vocab: &GgufVocab) -> Result<TokenizerParts, TokenizerError>
         .zip(&vocab.types)
         .map(|(token, ty)| match ty {
             // Added tokens are stored as their literal text.
-            TokenType::Control | TokenType::UserDefined => token.as_bytes().to_vec(),
+            TokenType::Control | TokenType::UserDefined | TokenType::Unknown => {
+                token.as_bytes().to_vec()
+            }
+            // llama.cpp writes nothing for an unused token.
+            TokenType::Unused => Vec::new(),
             _ => encoding.token_bytes(token),
         })
         .collect();
@@ -74,6 +79,7 @@ pub(crate) fn parts(vocab: &GgufVocab) -> Result<TokenizerParts, TokenizerError>
     eos.extend(vocab.eot.filter(|id| Some(*id) != vocab.eos));
     Ok(TokenizerParts {
         tokenizer,
+        gguf: Some(GgufEncoder::new(vocab, add_bos, add_eos)),
         token_bytes,
         special,
         special_tokens: SpecialTokens {

@@ -60,6 +60,7 @@ pub(crate) fn parts(dir: &Path) -> Result<TokenizerParts, TokenizerError> {
             .unwrap_or_default()
     };
     Ok(TokenizerParts {
+        gguf: None,
         bos_text: text_of(bos, files.bos_token),
         eos_text: text_of(eos.first().copied(), files.eos_token),
         token_bytes,

@@ -10,11 +10,13 @@
 mod chat;
 mod error;
 pub mod gguf;
+mod gguf_encoder;
 mod gguf_tokenizer;
 mod gguf_vocab;
 mod hf;
 mod model_tokenizer;
 mod pretokenizer;
+mod special_split;
 mod spm_merges;
 mod stream;
 mod token_bytes;

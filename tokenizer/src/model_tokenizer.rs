@@ -2,12 +2,14 @@
 //! template, loaded from a GGUF file or a Hugging Face folder.
 
 use std::path::Path;
+use std::sync::OnceLock;
 
 use tokenizers::Tokenizer;
 
 use crate::chat::{ChatInputs, ChatTemplate};
 use crate::error::TokenizerError;
 use crate::gguf::GgufMetadata;
+use crate::gguf_encoder::GgufEncoder;
 use crate::gguf_tokenizer;
 use crate::gguf_vocab::GgufVocab;
 use crate::hf;
@@ -38,6 +40,11 @@ pub struct SpecialTokens {
 #[derive(Debug)]
 pub struct ModelTokenizer {
     tokenizer: Tokenizer,
+    /// For a GGUF vocabulary: llama.cpp's special-token split and decoding around the
+    /// pipeline's model. `None` for a Hugging Face folder, whose `tokenizer.json` says how.
+    gguf: Option<GgufEncoder>,
+    /// A Hugging Face folder's pipeline with special tokens left as text, built on first use.
+    literal: OnceLock<Tokenizer>,
     bytes: TokenBytes,
     special: Vec<bool>,
     special_tokens: SpecialTokens,
@@ -49,6 +56,7 @@ pub struct ModelTokenizer {
 /// What a source (GGUF metadata, a Hugging Face folder) provides.
 pub(crate) struct TokenizerParts {
     pub tokenizer: Tokenizer,
+    pub gguf: Option<GgufEncoder>,
     /// The bytes of each token id.
     pub token_bytes: Vec<Vec<u8>>,
     /// Whether each token id is special.
@@ -83,6 +91,8 @@ impl ModelTokenizer {
         });
         Self {
             tokenizer: parts.tokenizer,
+            gguf: parts.gguf,
+            literal: OnceLock::new(),
             bytes: TokenBytes::new(parts.token_bytes),
             special: parts.special,
             special_tokens: parts.special_tokens,
@@ -93,8 +103,41 @@ impl ModelTokenizer {
     /// Token ids of `text`. Special tokens written in the text are matched (as TGI and
     /// llama.cpp's server do); `add_special_tokens` adds BOS/EOS as the model wants.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
-        Ok(self
-            .tokenizer
+        self.encode_ids(text, add_special_tokens, true)
+    }
+
+    /// Like `encode`, but special (control) tokens written in the text are encoded as the
+    /// text they spell, as llama.cpp's `parse_special = false` does: `<start_of_turn>` in a
+    /// user's message is not the model's turn marker. User-defined tokens (Gemma's runs of
+    /// spaces, HTML tags) still match, as they do in llama.cpp and Hugging Face.
+    pub fn encode_literal(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_ids(text, add_special_tokens, false)
+    }
+
+    fn encode_ids(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        if let Some(gguf) = &self.gguf {
+            let spans = gguf.encode(&self.tokenizer, text, add_special_tokens, parse_special)?;
+            return Ok(spans.into_iter().map(|s| s.id).collect());
+        }
+        let tokenizer = if parse_special {
+            &self.tokenizer
+        } else {
+            self.literal.get_or_init(|| {
+                let mut literal = self.tokenizer.clone();
+                literal.set_encode_special_tokens(true);
+                literal
+            })
+        };
+        Ok(tokenizer
             .encode_fast(text, add_special_tokens)?
             .get_ids()
             .to_vec())
@@ -106,6 +149,9 @@ impl ModelTokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<Vec<TokenSpan>, TokenizerError> {
+        if let Some(gguf) = &self.gguf {
+            return gguf.encode(&self.tokenizer, text, add_special_tokens, true);
+        }
         let encoding = self.tokenizer.encode(text, add_special_tokens)?;
         Ok(encoding
             .get_ids()
@@ -115,8 +161,17 @@ impl ModelTokenizer {
             .collect())
     }
 
-    /// The text of `ids`, as the model's decoder writes it.
+    /// The text of `ids`, as the model's decoder writes it (for a GGUF vocabulary, as
+    /// llama.cpp's detokenizer does: the tokens' bytes, invalid UTF-8 replaced by U+FFFD).
+    /// Ids outside the vocabulary are left out.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
+        if let Some(gguf) = &self.gguf {
+            let pieces = ids
+                .iter()
+                .filter(|&&id| !(skip_special_tokens && self.is_special(id)))
+                .filter_map(|&id| self.bytes.get(id));
+            return Ok(gguf.decode(pieces));
+        }
         Ok(self.tokenizer.decode(ids, skip_special_tokens)?)
     }
 
