@@ -161,6 +161,26 @@ def test_unloadable_model_exits_non_zero_naming_the_shard(junk_model):
     assert "shard 0 exited" in logs and "while loading the model" in logs, logs
 
 
+def test_refused_model_exits_in_seconds_with_one_line_naming_file_and_reason(tmp_path):
+    # The default model relabelled as an architecture Sonde does not implement: the key's
+    # value is patched in place, so the rest of the file stays a valid GGUF.
+    data = MODEL.read_bytes()
+    key = b"general.architecture"
+    at = data.index(key) + len(key)
+    # value type (u32 8 = string), length (u64 5), then the bytes "llama"
+    assert data[at:at + 17] == (8).to_bytes(4, "little") + (5).to_bytes(8, "little") + b"llama"
+    bad = tmp_path / "mamba.gguf"
+    bad.write_bytes(data[:at + 12] + b"mamba" + data[at + 17:])
+    started = time.monotonic()
+    code, logs = _run_to_exit(["--model-id", bad])
+    elapsed = time.monotonic() - started
+    assert code != 0, logs
+    assert elapsed < 30, f"{elapsed:.1f} s:\n{logs}"
+    reason = [line for line in logs.splitlines() if 'architecture "mamba" is not supported' in line]
+    assert reason and str(bad) in reason[0], logs
+    assert "restarting the shard" not in logs, logs
+
+
 def test_port_in_use_exits_non_zero():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,51 +1,87 @@
 #!/usr/bin/env python3
-"""Independent float64 reference forward pass of a Llama-architecture GGUF model.
+"""Independent float64 reference forward pass of a GGUF decoder (llama, mistral, qwen2, qwen3,
+gemma3, phi3).
 
-Written from the architecture definition in numpy, sharing no code with Sonde: weights come
-from the `gguf` package (`GGUFReader` + `gguf.quants.dequantize`, which yields float32
-values that are then held in float64), prompts are tokenized by the `tokenizers` package from
-a Hugging Face tokenizer.json, and every computation after dequantization is float64.
+Written from each architecture's definition (llama.cpp's src/models/*.cpp, HF transformers'
+modeling files) in numpy, sharing no code with Sonde: weights come from the `gguf` package
+(`GGUFReader` + `gguf.quants.dequantize`, which yields float32 values that are then held in
+float64) and every computation after dequantization is float64. Every tensor of the file must be
+applied and every architecture key that changes the maths must be implemented, else the script
+exits naming it.
 
-The math, for token ids t_0..t_{n-1} (hyperparameters read from the GGUF metadata):
+The math, for token ids t_0..t_{n-1} (hyperparameters from the GGUF metadata `{arch}.*`):
 
-  x_p       = E[t_p]                                     E = token_embd, [n_vocab, n_embd]
-  rms(x, w) = x / sqrt(mean(x^2) + eps) * w              eps = ...layer_norm_rms_epsilon
+  x_p       = E[t_p] * embed_scale                   E = token_embd [n_vocab, n_embd];
+                                                     embed_scale = f32(sqrt(n_embd)) for gemma3
+  rms(x, w) = x / sqrt(mean(x^2) + eps) * w          eps = attention.layer_norm_rms_epsilon
+                                                     (gemma3 files store HF's 1 + w: applied as x*w)
   per layer l:
     h       = rms(x, attn_norm)
-    q, k, v = h Wq^T, h Wk^T, h Wv^T                      n_head q heads, n_head_kv k/v heads
-    rope(q), rope(k): at position p, pair i in [0, d/2) of each head is rotated by the angle
-              p * theta^(-2i/d)  (theta = llama.rope.freq_base, d = head dim);
-              GGUF layout pairs (x[2i], x[2i+1]) (llama.cpp permutes the Q/K rows for this),
-              Hugging Face layout pairs (x[i], x[i+d/2]) (rotate_half)
-    a_h     = softmax(q_h k_g^T / sqrt(d) + causal mask) v_g,  g = h // (n_head / n_head_kv)
-    x       = x + concat(a_0..a_{n_head-1}) Wo^T
+    q, k, v = h Wq^T + bq, h Wk^T + bk, h Wv^T + bv  biases when the file has them; phi3 (any
+                                                     file with attn_qkv) splits its rows [q|k|v]
+    qwen3, gemma3: q, k = rms(q_h, attn_q_norm), rms(k_h, attn_k_norm) per head over head_dim
+    rope(q), rope(k) over the first n_rot = rope.dimension_count dims of each head (the rest pass
+              unchanged): pair i < n_rot/2 at position p turns by
+              angle = (p / factor) * base^(-2i/n_rot) / ff[i]
+              base = rope.freq_base (gemma3 sliding layers: rope.freq_base_swa, default 10000),
+              factor = rope.scaling.factor for linear scaling (the default type when only a factor
+              is given; gemma3 sliding layers: 1), ff = rope_freqs.weight (Llama 3.1) or 1.
+              llama/mistral (GGUF layout, Q/K rows permuted by the converter) pair (x[2i], x[2i+1]);
+              qwen2/qwen3/gemma3/phi3 and every HF folder pair (x[i], x[i + n_rot/2]) (NeoX)
+    a_h     = softmax(scale * q_h k_g^T + mask) v_g,  g = h // (n_head / n_head_kv)
+              scale = 1/sqrt(head_dim) (gemma3 27B: 1/sqrt(n_embd/n_head)); mask: causal, and on
+              gemma3's sliding layers (l % pattern < pattern - 1, pattern 6) key j is seen from
+              query p only when p - window < j <= p (window = attention.sliding_window)
+    o       = concat(a_0..a_{n_head-1}) Wo^T + bo
+    gemma3: o = rms(o, post_attention_norm)
+    x       = x + o
     h       = rms(x, ffn_norm)
-    x       = x + (silu(h Wgate^T) * (h Wup^T)) Wdown^T,  silu(z) = z / (1 + exp(-z))
-  logits_p  = rms(x_p, output_norm) Wout^T               Wout = output.weight, or E when tied
-  logprobs  = log_softmax(logits) over the full vocabulary
+    f       = (act(h Wgate^T + bg) * (h Wup^T + bu)) Wdown^T + bd     phi3: ffn_up rows [gate|up]
+              act = silu(z) = z / (1 + exp(-z)); gemma3: gelu_tanh(z) =
+              z/2 (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))
+    gemma3: f = rms(f, post_ffw_norm)
+    x       = x + f
+  logits_p  = rms(x_p, output_norm) Wout^T (+ output.bias)   Wout = output.weight, or E when tied
+              gemma3 with final_logit_softcapping c: c * tanh(logits / c)
+  logprobs  = log_softmax(logits) over the full vocabulary (computed in chunks of positions)
 
 Usage:
-  reference_forward.py MODEL.gguf HF_TOKENIZER_DIR OUT.json
-      Runs the fixed PROMPTS and writes, per prompt, the prompt ids, the log-probability of
-      each prompt token, the top-10 and the LABEL_IDS log-probabilities of the next-token
-      distribution at every position, and a GREEDY_TOKENS-token greedy continuation.
-  reference_forward.py --self-check MODEL.gguf HF_MODEL_DIR
-      Checks a folder written by gguf_to_hf.py (f32): the forward pass over its un-permuted
-      weights with rotate_half rope must give the GGUF-layout pass's log-probabilities.
+  reference_forward.py MODEL.gguf PROMPTS OUT.json
+      PROMPTS is one of
+        HF_TOKENIZER_DIR  a folder with tokenizer.json: the fixed PROMPTS are tokenized with it
+                          (its own add_special_tokens), e.g. SmolLM2's;
+        IDS.json          {"prompts": [{"text": str or null, "ids": [int, ...]}, ...]} or a bare
+                          list of id lists;
+        builtin:gemma3    fixed ids (llama.cpp's tokenization, BOS added, of GEMMA3_PROMPTS) for
+                          Gemma 3's 262,144-token vocabulary (checked against the file's).
+      Writes, per prompt, the prompt ids, the log-probability of each prompt token, the top-10
+      and the label_ids log-probabilities of the next-token distribution at every position, and
+      a GREEDY_TOKENS-token greedy continuation with logprobs and top-1/top-2 margins.
+  reference_forward.py --self-check MODEL.gguf HF_MODEL_DIR [PROMPTS]
+      Checks a folder written by gguf_to_hf.py (f32; LlamaForCausalLM, Gemma3ForCausalLM,
+      Qwen3ForCausalLM, Qwen2ForCausalLM or Phi3ForCausalLM): the forward pass over its HF-named,
+      un-permuted weights (HF norm conventions, NeoX rope) must give the GGUF pass's
+      log-probabilities within SELF_CHECK_TOLERANCE. The ids: the folder's tokenizer.json on
+      PROMPTS[SELF_CHECK_PROMPT], else PROMPTS (as above), else builtin:gemma3 for Gemma 3's
+      vocabulary; repeated past the sliding window when the model has one.
 """
 
 import hashlib
 import json
+import math
 import os
 import sys
 import time
 from importlib.metadata import version
 
-import numpy as np
-from gguf import GGUFReader
-from gguf.quants import dequantize
-from safetensors.numpy import load_file
-from tokenizers import Tokenizer
+# One BLAS thread unless told otherwise: the matrices of a decode step are small, and OpenBLAS's
+# spinning threads make them several times slower on a busy 2-core machine.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+from gguf import GGUFReader  # noqa: E402
+from gguf.quants import dequantize  # noqa: E402
 
 PROMPTS = [
     "Once upon a time",
@@ -70,172 +106,471 @@ PROMPTS = [
     " in the stroma. Almost all life on Earth depends, directly or indirectly, on the sugars"
     " and oxygen that photosynthesis provides.",
 ]
-LABEL_IDS = [0, 1, 2, 17, 198, 330, 1032, 2767, 5821, 10004, 16384, 22222, 30000, 38917,
-             45678, 49151]
+# The same prompts for Gemma 3, its chat turns in Gemma's own format.
+GEMMA3_PROMPTS = PROMPTS[:3] + [
+    "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n",
+    "<start_of_turn>user\nYou are a helpful AI assistant.\n\nList three primary colors."
+    "<end_of_turn>\n<start_of_turn>model\n",
+] + PROMPTS[5:]
+# llama.cpp's tokenization of GEMMA3_PROMPTS (llama-server POST /tokenize, add_special and
+# parse_special true) for the vocabulary whose tokenizer.ggml.tokens hash to GEMMA3_VOCAB_SHA256
+# (see vocab_sha256); written by llama_cpp_reference.py --gemma3-prompt-ids.
+GEMMA3_VOCAB_SHA256 = "ca2815f1bbcdd62f89f4ec6df509f039c671541919acf8783278ee67fb07525c"
+GEMMA3_PROMPT_IDS = [
+    [2, 14946, 3324, 496, 990],
+    [2, 818, 3823, 8864, 37423, 38167, 1024, 506, 31770, 4799, 236761, 1030, 691, 496, 17635,
+    5597, 528, 506, 1944, 9744, 236764, 532, 4677, 691, 3978, 5508, 573, 506, 7384, 14919, 14680,
+    236761],
+    [2, 2063, 10779, 78113, 236769, 236749, 1473, 107, 140, 12234, 13293, 506, 538, 236772, 594,
+    123466, 1548, 29738, 107, 140, 236746, 236764, 518, 578, 236743, 236771, 236764, 236743,
+    236770, 107, 140, 1708, 2222, 528, 2644, 236769, 236749, 1473, 107, 144, 236746, 236764, 518,
+    578, 518, 236764, 496, 900, 518, 107, 140, 2060, 496, 109, 1995, 236769, 73368, 78113, 236769,
+    236770, 236771, 1223, 107],
+    [2, 105, 2364, 107, 3689, 563, 506, 5279, 529, 7001, 236881, 106, 107, 105, 4368, 107],
+    [2, 105, 2364, 107, 3048, 659, 496, 11045, 12498, 16326, 236761, 108, 1613, 1806, 5905, 7913,
+    236761, 106, 107, 105, 4368, 107],
+    [2, 69572, 997, 236812, 236812, 236832, 236770, 568, 236778, 236771, 236778, 236812, 236772,
+    236771, 236800, 236772, 236770, 236810, 1473, 236743, 236800, 1123, 609, 236770, 236778,
+    236761, 236819, 236819, 578, 609, 236800, 236828, 236761, 236819, 236832, 236793, 3869,
+    236743, 236828, 236761, 236778, 236810, 236908, 3921, 609, 236800, 236761, 236778, 236778,
+    236793, 2558, 236787, 609, 236812, 236778, 236761, 236770, 236819, 236888, 9861, 900, 236770,
+    568, 236810, 236810, 236810, 236768, 236743, 236771, 236770, 236771, 236772, 236778, 236771,
+    236800, 236771, 1390, 7546, 236881],
+    [2, 236792, 54676, 236789, 236751, 33443, 528, 116315, 14736, 100479, 125501, 155666, 2192,
+    86459, 236945, 228212, 237048, 240532, 237137, 3652, 236924, 116130, 236764, 58562, 236888,
+    23883, 109959, 42220, 236764, 7196, 24360, 5883, 236881, 57235],
+    [2, 49660, 30445, 563, 506, 1657, 684, 837, 3826, 6485, 236764, 56758, 532, 1070, 15127, 7352,
+    2214, 2778, 1131, 7395, 2778, 236761, 9529, 672, 1657, 236764, 6800, 26314, 532, 1813, 659,
+    9292, 236764, 1699, 506, 2778, 529, 26808, 17755, 684, 112242, 236764, 531, 6360, 22422, 532,
+    12123, 236761, 669, 12047, 1769, 1977, 528, 506, 151412, 236751, 532, 659, 4781, 11310, 1131,
+    1156, 13479, 236787, 506, 2214, 236772, 19543, 12047, 236764, 837, 4583, 528, 506, 541, 1542,
+    628, 1433, 35808, 532, 6360, 29545, 532, 182837, 236764, 532, 506, 68439, 8881, 236764, 837,
+    6178, 1239, 13757, 531, 7562, 6800, 528, 506, 579, 57063, 236761, 41621, 784, 1972, 580,
+    10824, 9796, 236764, 5467, 653, 41514, 236764, 580, 506, 62668, 532, 12123, 600, 93036, 4728,
+    236761],
+]
+# Label ids whose log-probabilities are recorded, per vocabulary size (SmolLM2's fixed list; any
+# other vocabulary: special ids and a spread over the whole range, see label_ids).
+LABEL_IDS = {49152: [0, 1, 2, 17, 198, 330, 1032, 2767, 5821, 10004, 16384, 22222, 30000,
+                     38917, 45678, 49151]}
 TOP_K = 10
 GREEDY_TOKENS = 32
 SELF_CHECK_PROMPT = 3
 SELF_CHECK_TOLERANCE = 1e-9
+LOGIT_CHUNK_ELEMENTS = 1 << 24  # positions x vocabulary per chunk of the output layer (128 MiB)
+
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
+# `{arch}.*` keys the reference implements (or that do not change the maths); any other key of
+# the architecture is refused by name.
+COMMON_KEYS = {
+    "context_length", "embedding_length", "block_count", "feed_forward_length", "vocab_size",
+    "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
+    "attention.key_length", "attention.value_length", "rope.dimension_count", "rope.freq_base",
+    "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear",
+    "rope.scaling.original_context_length", "rope.scaling.finetuned",
+}
+ARCH_KEYS = {
+    "llama": set(), "qwen2": set(), "qwen3": set(),
+    "gemma3": {"attention.sliding_window", "attention.sliding_window_pattern",
+               "rope.freq_base_swa", "final_logit_softcapping"},
+    # llama.cpp reads phi3's sliding window and disables it (src/models/phi3.cpp), as here.
+    "phi3": {"attention.sliding_window"},
+}
+
+
+def metadata(reader, key, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def f32_decimal(value):
+    """A float32 metadata value as the shortest decimal that round-trips it (1e-05), as HF
+    configs write it."""
+    return float(str(np.float32(value)))
+
+
+def rope_scale(get, arch):
+    """Linear rope scaling factor of the file (positions / factor), 1.0 without scaling; llama.cpp
+    treats a factor without a type as linear (src/llama-model.cpp, load_hparams)."""
+    kind = get("rope.scaling.type", "linear")
+    factor = get("rope.scaling.factor")
+    if factor is None:
+        factor = get("rope.scale_linear")
+    factor = 0.0 if factor is None else float(factor)
+    if kind == "none":
+        return 1.0
+    if kind != "linear":
+        sys.exit(f"{arch}.rope.scaling.type = {kind!r} is not implemented by the reference")
+    return 1.0 if factor == 0.0 else f32_decimal(factor)
+
+
+def gguf_hparams(reader):
+    """The spec of the model: every switch the forward pass reads, from the GGUF metadata."""
+    arch = metadata(reader, "general.architecture")
+    if arch not in ARCHS:
+        sys.exit(f"unsupported architecture {arch!r}")
+    allowed = COMMON_KEYS | ARCH_KEYS[arch]
+    for key in reader.fields:
+        if key.startswith(arch + ".") and key[len(arch) + 1:] not in allowed:
+            sys.exit(f"metadata key {key} is not implemented by the reference")
+
+    def get(key, default=None):
+        return metadata(reader, f"{arch}.{key}", default)
+
+    n_layer, n_embd = get("block_count"), get("embedding_length")
+    n_head = get("attention.head_count")
+    for key in ("embedding_length", "block_count", "feed_forward_length", "attention.head_count"):
+        if not isinstance(get(key), int):
+            sys.exit(f"{arch}.{key} must be one integer (per-layer arrays are not implemented)")
+    n_head_kv = get("attention.head_count_kv", n_head)
+    head_dim = get("attention.key_length", n_embd // n_head)
+    head_dim_v = get("attention.value_length", n_embd // n_head)
+    if head_dim_v != head_dim:
+        sys.exit(f"key_length {head_dim} != value_length {head_dim_v} is not implemented")
+    n_rot = get("rope.dimension_count", head_dim)
+    if arch != "phi3" and n_rot != head_dim:
+        sys.exit(f"{arch} needs rope.dimension_count == head_dim ({n_rot} != {head_dim})")
+    if n_rot % 2 or n_rot > head_dim:
+        sys.exit(f"rope.dimension_count {n_rot} must be even and at most head_dim {head_dim}")
+    base = float(get("rope.freq_base", 10000.0))
+    scale = rope_scaling = rope_scale(get, arch)
+    windows = [None] * n_layer
+    rope = [[base, scale]] * n_layer
+    attn_scale = 1.0 / math.sqrt(head_dim)
+    embed_scale, softcap = 1.0, None
+    if arch == "gemma3":
+        window = get("attention.sliding_window", 0)
+        if window:
+            pattern = get("attention.sliding_window_pattern", 6)
+            swa = (list(pattern) if isinstance(pattern, list) else
+                   [pattern == 0 or l % pattern < pattern - 1 for l in range(n_layer)])
+            if len(swa) != n_layer:
+                sys.exit("attention.sliding_window_pattern has the wrong length")
+            swa_base = float(get("rope.freq_base_swa", 10000.0))
+            for l in range(n_layer):
+                if swa[l]:
+                    windows[l], rope[l] = int(window), [swa_base, 1.0]
+        # llama.cpp's f_attention_scale (src/models/gemma3.cpp): 27B (62 layers) scales by
+        # n_embd / n_head, every other size by head_dim (= query_pre_attn_scalar in HF configs).
+        if n_layer == 62:
+            attn_scale = 1.0 / math.sqrt(n_embd // n_head)
+        # ggml_scale by sqrtf(n_embd): the float32 value (HF: the buffer in the weight dtype).
+        embed_scale = float(np.float32(math.sqrt(n_embd)))
+        cap = get("final_logit_softcapping")
+        softcap = f32_decimal(cap) if cap else None
+    return {
+        "arch": arch,
+        "n_layer": n_layer,
+        "n_embd": n_embd,
+        "n_ff": get("feed_forward_length"),
+        "n_head": n_head,
+        "n_head_kv": n_head_kv,
+        "head_dim": head_dim,
+        "n_rot": n_rot,
+        "eps": f32_decimal(get("attention.layer_norm_rms_epsilon")),
+        "rope_theta": base,
+        "rope_linear_factor": rope_scaling,
+        "rope_style": "interleaved" if arch == "llama" else "neox",
+        "rope": rope,
+        "sliding_window": windows,
+        "attn_scale": attn_scale,
+        "embed_scale": embed_scale,
+        "qk_norm": arch in ("qwen3", "gemma3"),
+        "post_norms": arch == "gemma3",
+        "act": "gelu_tanh" if arch == "gemma3" else "silu",
+        "final_logit_softcapping": softcap,
+    }
+
+
+class Tensors:
+    """The file's tensors by name; each is taken once, and `finish` fails on any left over."""
+
+    def __init__(self, tensors):
+        self.pool = dict(tensors)
+
+    def take(self, name, shape, optional=False):
+        if name not in self.pool:
+            if optional:
+                return None
+            sys.exit(f"missing tensor {name}")
+        w = self.pool.pop(name)
+        if tuple(w.shape) != tuple(shape):
+            sys.exit(f"tensor {name} has shape {list(w.shape)}, expected {list(shape)}")
+        return w
+
+    def finish(self):
+        if self.pool:
+            sys.exit("tensors the reference does not apply: " + ", ".join(sorted(self.pool)))
+
+
+def gguf_layers(hp, t):
+    """Per-layer weights from GGUF names, in llama.cpp's shapes ([out, in] as numpy)."""
+    d, n_ff = hp["n_embd"], hp["n_ff"]
+    nq, nkv = hp["n_head"] * hp["head_dim"], hp["n_head_kv"] * hp["head_dim"]
+    layers = []
+    for i in range(hp["n_layer"]):
+        p = f"blk.{i}."
+        L = {"attn_norm": t.take(p + "attn_norm.weight", [d])}
+        qkv = t.take(p + "attn_qkv.weight", [nq + 2 * nkv, d], optional=True)
+        if qkv is not None:
+            L["wq"], L["wk"], L["wv"] = qkv[:nq], qkv[nq:nq + nkv], qkv[nq + nkv:]
+            b = t.take(p + "attn_qkv.bias", [nq + 2 * nkv], optional=True)
+            if b is not None:
+                L["bq"], L["bk"], L["bv"] = b[:nq], b[nq:nq + nkv], b[nq + nkv:]
+        else:
+            L["wq"] = t.take(p + "attn_q.weight", [nq, d])
+            L["wk"] = t.take(p + "attn_k.weight", [nkv, d])
+            L["wv"] = t.take(p + "attn_v.weight", [nkv, d])
+        if "bq" not in L:
+            for name, rows in (("q", nq), ("k", nkv), ("v", nkv)):
+                b = t.take(p + f"attn_{name}.bias", [rows], optional=True)
+                if b is not None:
+                    L["b" + name] = b
+        L["wo"] = t.take(p + "attn_output.weight", [d, nq])
+        if hp["arch"] == "llama":  # the only one of these whose loader creates wo_b
+            L["bo"] = t.take(p + "attn_output.bias", [d], optional=True)
+        if hp["qk_norm"]:
+            L["q_norm"] = t.take(p + "attn_q_norm.weight", [hp["head_dim"]])
+            L["k_norm"] = t.take(p + "attn_k_norm.weight", [hp["head_dim"]])
+        if hp["post_norms"]:
+            L["post_attn_norm"] = t.take(p + "post_attention_norm.weight", [d])
+            L["post_ffn_norm"] = t.take(p + "post_ffw_norm.weight", [d])
+        L["ffn_norm"] = t.take(p + "ffn_norm.weight", [d])
+        if hp["arch"] == "phi3":
+            up = t.take(p + "ffn_up.weight", [2 * n_ff, d])
+            L["w_gate"], L["w_up"] = up[:n_ff], up[n_ff:]
+        else:
+            L["w_gate"] = t.take(p + "ffn_gate.weight", [n_ff, d])
+            L["w_up"] = t.take(p + "ffn_up.weight", [n_ff, d])
+            if hp["arch"] == "llama":
+                for name, rows in (("gate", n_ff), ("up", n_ff)):
+                    b = t.take(p + f"ffn_{name}.bias", [rows], optional=True)
+                    if b is not None:
+                        L["b_" + name] = b
+        L["w_down"] = t.take(p + "ffn_down.weight", [d, n_ff])
+        if hp["arch"] == "llama":
+            b = t.take(p + "ffn_down.bias", [d], optional=True)
+            if b is not None:
+                L["b_down"] = b
+        layers.append({k: v for k, v in L.items() if v is not None})
+    return layers
+
+
+def load_gguf(path):
+    """The model in GGUF's own layout (llama: Q/K rows permuted, so rope pairs interleave)."""
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, OSError) as e:  # e.g. a truncated file: tensor data past its end
+        sys.exit(f"cannot read {path} as GGUF (truncated or corrupt?): {e}")
+    hp = gguf_hparams(reader)
+    t = Tensors({x.name: dequantize(x.data, x.tensor_type).astype(np.float64)
+                 for x in reader.tensors})
+    d = hp["n_embd"]
+    embed = t.pool.get("token_embd.weight")
+    if embed is None or embed.ndim != 2 or embed.shape[1] != d:
+        sys.exit("token_embd.weight is missing or not [n_vocab, n_embd]")
+    n_vocab = embed.shape[0]
+    vocab = metadata(reader, f"{hp['arch']}.vocab_size")
+    if vocab is not None and vocab != n_vocab:
+        sys.exit(f"{hp['arch']}.vocab_size {vocab} != token_embd rows {n_vocab}")
+    embed = t.take("token_embd.weight", [n_vocab, d])
+    ff = None
+    if hp["arch"] == "llama":
+        ff = t.take("rope_freqs.weight", [hp["n_rot"] // 2], optional=True)
+    layers = gguf_layers(hp, t)
+    norm = t.take("output_norm.weight", [d])
+    lm_head = t.take("output.weight", [n_vocab, d], optional=True)
+    lm_head_b = t.take("output.bias", [n_vocab], optional=True) if hp["arch"] == "qwen2" else None
+    t.finish()
+    hp["n_vocab"] = n_vocab
+    hp["rope_freqs"] = None if ff is None else ff.tolist()
+    hp["tied"] = lm_head is None
+    model = Model(hp, layers, embed, norm, embed if lm_head is None else lm_head, lm_head_b,
+                  hp["rope_style"])
+    return hp, model, reader
 
 
 class Model:
-    """Float64 weights and hyperparameters; `rope` is "interleaved" (GGUF) or "half" (HF)."""
+    """Float64 weights and the spec; `rope_style` "interleaved" (llama GGUF) or "neox"."""
 
-    def __init__(self, hp, layers, embed, norm, lm_head, rope):
+    def __init__(self, hp, layers, embed, norm, lm_head, lm_head_b, rope_style):
+        self.hp = hp
         self.n_head, self.n_head_kv, self.head_dim = hp["n_head"], hp["n_head_kv"], hp["head_dim"]
-        self.eps = hp["eps"]
-        self.inv_freq = hp["rope_theta"] ** (-np.arange(0, self.head_dim, 2) / self.head_dim)
-        self.layers, self.embed, self.norm, self.lm_head = layers, embed, norm, lm_head
-        self.rope_style = rope
+        self.n_rot, self.eps = hp["n_rot"], hp["eps"]
+        ff = np.ones(self.n_rot // 2) if hp["rope_freqs"] is None else np.array(hp["rope_freqs"])
+        exponent = -np.arange(0, self.n_rot, 2) / self.n_rot
+        # Per layer: the angle per unit position of each pair, and the positions' divisor.
+        self.inv_freq = [base ** exponent / ff for base, _ in hp["rope"]]
+        self.pos_div = [factor for _, factor in hp["rope"]]
+        self.layers, self.embed, self.norm = layers, embed, norm
+        self.lm_head, self.lm_head_b = lm_head, lm_head_b
+        self.rope_style = rope_style
 
     def rms(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
-    def rope(self, x, positions):
-        """Rotates x [heads, n, head_dim] at the given positions."""
-        angle = positions[:, None] * self.inv_freq[None, :]
+    def rope(self, x, positions, layer):
+        """Rotates the first n_rot dims of x [heads, n, head_dim] at the given positions."""
+        angle = (positions / self.pos_div[layer])[:, None] * self.inv_freq[layer][None, :]
         cos, sin = np.cos(angle), np.sin(angle)
+        out = x.copy()
+        r = self.n_rot
         if self.rope_style == "interleaved":
-            a, b = x[..., 0::2], x[..., 1::2]
-            out = np.empty_like(x)
-            out[..., 0::2] = a * cos - b * sin
-            out[..., 1::2] = a * sin + b * cos
-            return out
-        half = self.head_dim // 2
-        a, b = x[..., :half], x[..., half:]
-        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+            a, b = x[..., 0:r:2], x[..., 1:r:2]
+            out[..., 0:r:2] = a * cos - b * sin
+            out[..., 1:r:2] = a * sin + b * cos
+        else:
+            a, b = x[..., :r // 2], x[..., r // 2:r]
+            out[..., :r // 2] = a * cos - b * sin
+            out[..., r // 2:r] = a * sin + b * cos
+        return out
+
+    def act(self, z):
+        if self.hp["act"] == "silu":
+            return z / (1.0 + np.exp(-z))
+        return 0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z ** 3)))
 
     def forward(self, ids, cache):
-        """Log-probabilities [len(ids), n_vocab] of the token after each of `ids`, which follow
-        the tokens already in `cache` (per layer [K, V], each [n_head_kv, n_past, head_dim],
+        """Final-normed hidden states [len(ids), n_embd] after each of `ids`, which follow the
+        tokens already in `cache` (per layer [K, V], each [n_head_kv, n_past, head_dim],
         extended in place)."""
-        n, d = len(ids), self.head_dim
-        past = cache[0][0].shape[1] if cache else 0
-        positions = np.arange(past, past + n, dtype=np.float64)
-        mask = np.where(np.arange(past + n)[None, :] > positions[:, None], -np.inf, 0.0)
-        group = self.n_head // self.n_head_kv
-        x = self.embed[ids]
-        for i, layer in enumerate(self.layers):
-            h = self.rms(x, layer["attn_norm"])
-            q = (h @ layer["wq"].T).reshape(n, self.n_head, d).transpose(1, 0, 2)
-            k = (h @ layer["wk"].T).reshape(n, self.n_head_kv, d).transpose(1, 0, 2)
-            v = (h @ layer["wv"].T).reshape(n, self.n_head_kv, d).transpose(1, 0, 2)
-            q, k = self.rope(q, positions), self.rope(k, positions)
-            if len(cache) == i:
-                cache.append([k, v])
+        return self.forward_batch([(ids, cache)])
+
+    def forward_batch(self, seqs):
+        """`forward` for several sequences [(ids, cache)] at once: the dense layers run on all
+        their rows together (the weights are read once per step), attention per sequence. The
+        hidden states of the sequences are returned concatenated in order."""
+        d, group = self.head_dim, self.n_head // self.n_head_kv
+        lengths = [len(ids) for ids, _ in seqs]
+        bounds = np.cumsum([0] + lengths)
+        geometry = []
+        for ids, cache in seqs:
+            past = cache[0][0].shape[1] if cache else 0
+            positions = np.arange(past, past + len(ids), dtype=np.float64)
+            keys_pos = np.arange(past + len(ids))
+            geometry.append((positions, keys_pos, keys_pos[None, :] > positions[:, None]))
+        all_ids = np.concatenate([np.asarray(ids, dtype=np.int64) for ids, _ in seqs])
+        x = self.embed[all_ids] * self.hp["embed_scale"]
+        for i, L in enumerate(self.layers):
+            h = self.rms(x, L["attn_norm"])
+            q_all, k_all, v_all = h @ L["wq"].T, h @ L["wk"].T, h @ L["wv"].T
+            if "bq" in L:
+                q_all = q_all + L["bq"]
+            if "bk" in L:
+                k_all = k_all + L["bk"]
+            if "bv" in L:
+                v_all = v_all + L["bv"]
+            outs = []
+            for s, (_, cache) in enumerate(seqs):
+                n = lengths[s]
+                rows = slice(bounds[s], bounds[s + 1])
+                positions, keys_pos, causal = geometry[s]
+                q = q_all[rows].reshape(n, self.n_head, d).transpose(1, 0, 2)
+                k = k_all[rows].reshape(n, self.n_head_kv, d).transpose(1, 0, 2)
+                v = v_all[rows].reshape(n, self.n_head_kv, d).transpose(1, 0, 2)
+                if "q_norm" in L:
+                    q, k = self.rms(q, L["q_norm"]), self.rms(k, L["k_norm"])
+                q, k = self.rope(q, positions, i), self.rope(k, positions, i)
+                if len(cache) == i:
+                    cache.append([k, v])
+                else:
+                    cache[i] = [np.concatenate([cache[i][0], k], axis=1),
+                                np.concatenate([cache[i][1], v], axis=1)]
+                masked = causal
+                window = self.hp["sliding_window"][i]
+                if window is not None:
+                    masked = causal | (keys_pos[None, :] <= positions[:, None] - window)
+                keys = np.repeat(cache[i][0], group, axis=0)
+                values = np.repeat(cache[i][1], group, axis=0)
+                scores = (q * self.hp["attn_scale"]) @ keys.transpose(0, 2, 1)
+                scores = np.where(masked, -np.inf, scores)
+                scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+                attn = (scores / scores.sum(axis=-1, keepdims=True)) @ values
+                outs.append(attn.transpose(1, 0, 2).reshape(n, self.n_head * d))
+            o = np.concatenate(outs) @ L["wo"].T
+            if "bo" in L:
+                o = o + L["bo"]
+            if "post_attn_norm" in L:
+                o = self.rms(o, L["post_attn_norm"])
+            x = x + o
+            h = self.rms(x, L["ffn_norm"])
+            gate, up = h @ L["w_gate"].T, h @ L["w_up"].T
+            if "b_gate" in L:
+                gate = gate + L["b_gate"]
+            if "b_up" in L:
+                up = up + L["b_up"]
+            f = (self.act(gate) * up) @ L["w_down"].T
+            if "b_down" in L:
+                f = f + L["b_down"]
+            if "post_ffn_norm" in L:
+                f = self.rms(f, L["post_ffn_norm"])
+            x = x + f
+        return self.rms(x, self.norm)
+
+    def logprob_chunks(self, hidden):
+        """Yields (start, log-probabilities [rows, n_vocab]) over the rows of `hidden`, a few
+        rows at a time so that positions x vocabulary never materialises in full."""
+        rows = max(1, LOGIT_CHUNK_ELEMENTS // self.lm_head.shape[0])
+        for start in range(0, len(hidden), rows):
+            logits = hidden[start:start + rows] @ self.lm_head.T
+            if self.lm_head_b is not None:
+                logits = logits + self.lm_head_b
+            cap = self.hp["final_logit_softcapping"]
+            if cap:
+                logits = cap * np.tanh(logits / cap)
+            m = logits.max(axis=-1, keepdims=True)
+            yield start, logits - (m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)))
+
+
+def top_k(row, k):
+    """The k most likely [id, logprob], descending, ties to the smaller id."""
+    threshold = np.partition(row, len(row) - k)[len(row) - k]
+    ids = np.nonzero(row >= threshold)[0]
+    order = np.lexsort((ids, -row[ids]))[:k]
+    return [[int(ids[j]), float(row[ids[j]])] for j in order]
+
+
+def run_prompts(model, prompt_ids, labels):
+    """The scores of each prompt and its greedy continuation. The prompts are run together
+    (prefill in one batch, then GREEDY_TOKENS decode steps in lockstep): each sequence has its
+    own cache and attention, so its numbers are those of a run alone up to the summation order
+    of the matrix products."""
+    prompt_ids = [[int(t) for t in ids] for ids in prompt_ids]
+    caches = [[] for _ in prompt_ids]
+    hidden = model.forward_batch(list(zip(prompt_ids, caches)))
+    offsets = np.cumsum([0] + [len(ids) for ids in prompt_ids])
+    out = [{"ids": ids, "logprob": [None], "top": [], "labels": [], "greedy": [],
+            "greedy_logprobs": [], "greedy_margin": [], "greedy_top": []} for ids in prompt_ids]
+    rows = []
+    for start, lp in model.logprob_chunks(hidden):
+        for r, row in enumerate(lp):
+            g = start + r
+            s = int(np.searchsorted(offsets, g, side="right")) - 1
+            p, ids = g - offsets[s], prompt_ids[s]
+            if p + 1 < len(ids):
+                out[s]["logprob"].append(float(row[ids[p + 1]]))
             else:
-                cache[i] = [np.concatenate([cache[i][0], k], axis=1),
-                            np.concatenate([cache[i][1], v], axis=1)]
-            keys = np.repeat(cache[i][0], group, axis=0)
-            values = np.repeat(cache[i][1], group, axis=0)
-            scores = q @ keys.transpose(0, 2, 1) / np.sqrt(d) + mask
-            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            attn = (scores / scores.sum(axis=-1, keepdims=True)) @ values
-            x = x + attn.transpose(1, 0, 2).reshape(n, self.n_head * d) @ layer["wo"].T
-            h = self.rms(x, layer["ffn_norm"])
-            gate = h @ layer["w_gate"].T
-            x = x + (gate / (1.0 + np.exp(-gate)) * (h @ layer["w_up"].T)) @ layer["w_down"].T
-        logits = self.rms(x, self.norm) @ self.lm_head.T
-        shifted = logits - logits.max(axis=-1, keepdims=True)
-        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
-def metadata(reader, key):
-    return reader.fields[key].contents()
-
-
-def gguf_hparams(reader):
-    arch = metadata(reader, "general.architecture")
-    if arch != "llama":
-        sys.exit(f"unsupported architecture {arch!r}")
-    n_embd = metadata(reader, "llama.embedding_length")
-    n_head = metadata(reader, "llama.attention.head_count")
-    return {
-        "n_layer": metadata(reader, "llama.block_count"),
-        "n_embd": n_embd,
-        "n_ff": metadata(reader, "llama.feed_forward_length"),
-        "n_head": n_head,
-        "n_head_kv": metadata(reader, "llama.attention.head_count_kv"),
-        "head_dim": n_embd // n_head,
-        # Stored as float32; the shortest decimal that round-trips it (1e-05), as in HF configs.
-        "eps": float(str(np.float32(metadata(reader, "llama.attention.layer_norm_rms_epsilon")))),
-        "rope_theta": float(metadata(reader, "llama.rope.freq_base")),
-    }
-
-
-def load_gguf(path):
-    """The model in GGUF's own layout: Q/K rows permuted, so rope pairs are interleaved."""
-    reader = GGUFReader(path)
-    hp = gguf_hparams(reader)
-    w = {t.name: dequantize(t.data, t.tensor_type).astype(np.float64) for t in reader.tensors}
-    layers = [{"attn_norm": w[f"blk.{i}.attn_norm.weight"], "wq": w[f"blk.{i}.attn_q.weight"],
-               "wk": w[f"blk.{i}.attn_k.weight"], "wv": w[f"blk.{i}.attn_v.weight"],
-               "wo": w[f"blk.{i}.attn_output.weight"], "ffn_norm": w[f"blk.{i}.ffn_norm.weight"],
-               "w_gate": w[f"blk.{i}.ffn_gate.weight"], "w_up": w[f"blk.{i}.ffn_up.weight"],
-               "w_down": w[f"blk.{i}.ffn_down.weight"]} for i in range(hp["n_layer"])]
-    embed = w["token_embd.weight"]
-    return hp, Model(hp, layers, embed, w["output_norm.weight"],
-                     w.get("output.weight", embed), "interleaved")
-
-
-def load_hf(folder):
-    """The model from a Hugging Face folder (config.json, model.safetensors): rotate_half."""
-    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
-    hp = {"n_layer": config["num_hidden_layers"], "n_embd": config["hidden_size"],
-          "n_ff": config["intermediate_size"], "n_head": config["num_attention_heads"],
-          "n_head_kv": config["num_key_value_heads"], "head_dim": config["head_dim"],
-          "eps": config["rms_norm_eps"], "rope_theta": config["rope_theta"]}
-    raw = load_file(os.path.join(folder, "model.safetensors"))
-    if any(t.dtype != np.float32 for t in raw.values()):
-        sys.exit("the self-check needs an f32 folder")
-    w = {name: t.astype(np.float64) for name, t in raw.items()}
-    layers = []
-    for i in range(hp["n_layer"]):
-        p = f"model.layers.{i}."
-        layers.append({"attn_norm": w[p + "input_layernorm.weight"],
-                       "wq": w[p + "self_attn.q_proj.weight"],
-                       "wk": w[p + "self_attn.k_proj.weight"],
-                       "wv": w[p + "self_attn.v_proj.weight"],
-                       "wo": w[p + "self_attn.o_proj.weight"],
-                       "ffn_norm": w[p + "post_attention_layernorm.weight"],
-                       "w_gate": w[p + "mlp.gate_proj.weight"],
-                       "w_up": w[p + "mlp.up_proj.weight"],
-                       "w_down": w[p + "mlp.down_proj.weight"]})
-    embed = w["model.embed_tokens.weight"]
-    lm_head = embed if config["tie_word_embeddings"] else w["lm_head.weight"]
-    return hp, Model(hp, layers, embed, w["model.norm.weight"], lm_head, "half")
-
-
-def ranked(logprobs):
-    """Token ids by descending log-probability, ties to the smaller id."""
-    return np.argsort(-logprobs, kind="stable")
-
-
-def run_prompt(model, tok, text):
-    ids = tok.encode(text).ids
-    cache = []
-    lp = model.forward(np.array(ids), cache)
-    greedy, greedy_lp, margin = [], [], []
-    row = lp[-1]
+                rows.append(row)
+            out[s]["top"].append(top_k(row, TOP_K))
+            out[s]["labels"].append(row[labels].tolist())
     for step in range(GREEDY_TOKENS):
-        order = ranked(row)
-        greedy.append(int(order[0]))
-        greedy_lp.append(float(row[order[0]]))
-        margin.append(float(row[order[0]] - row[order[1]]))
+        for s, row in enumerate(rows):
+            best = top_k(row, TOP_K)
+            out[s]["greedy_top"].append(best)
+            out[s]["greedy"].append(best[0][0])
+            out[s]["greedy_logprobs"].append(best[0][1])
+            out[s]["greedy_margin"].append(best[0][1] - best[1][1])
         if step + 1 < GREEDY_TOKENS:
-            row = model.forward(np.array([greedy[-1]]), cache)[0]
-    top = [[[int(t), float(r[t])] for t in ranked(r)[:TOP_K]] for r in lp]
-    return {
-        "text": text,
-        "ids": ids,
-        "logprob": [None] + [float(lp[p - 1, ids[p]]) for p in range(1, len(ids))],
-        "top": top,
-        "labels": lp[:, LABEL_IDS].tolist(),
-        "greedy": greedy,
-        "greedy_logprobs": greedy_lp,
-        "greedy_margin": margin,
-    }
+            h = model.forward_batch([([o["greedy"][-1]], c) for o, c in zip(out, caches)])
+            rows = [row for _, lp in model.logprob_chunks(h) for row in lp]
+    return out
+
+
+def label_ids(n_vocab):
+    if n_vocab in LABEL_IDS:
+        return LABEL_IDS[n_vocab]
+    spread = [round(j * (n_vocab - 1) / 15) for j in range(16)]
+    return sorted(set([0, 1, 2, 3] + spread))
 
 
 def sha256(path):
@@ -246,25 +581,66 @@ def sha256(path):
     return digest.hexdigest()
 
 
-def reference(model_path, tokenizer_dir, out_path):
-    tok = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
-    hp, model = load_gguf(model_path)
+def vocab_sha256(reader):
+    """sha256 of the file's tokenizer.ggml.tokens, each followed by a NUL byte."""
+    field = reader.fields["tokenizer.ggml.tokens"]
+    digest = hashlib.sha256()
+    for i in field.data:
+        digest.update(bytes(field.parts[i]) + b"\0")
+    return digest.hexdigest()
+
+
+def load_prompts(spec, reader, n_vocab):
+    """[(text or None, ids)] from a tokenizer folder, an ids JSON file or builtin:gemma3, and a
+    description of where the ids come from."""
+    if spec == "builtin:gemma3":
+        if GEMMA3_PROMPT_IDS is None:
+            sys.exit("GEMMA3_PROMPT_IDS is not filled in yet")
+        if vocab_sha256(reader) != GEMMA3_VOCAB_SHA256:
+            sys.exit("builtin:gemma3 ids are for Gemma 3's vocabulary; this file has another")
+        return (list(zip(GEMMA3_PROMPTS, GEMMA3_PROMPT_IDS)),
+                "llama.cpp's tokenization of GEMMA3_PROMPTS (BOS added, special tokens parsed)")
+    if os.path.isdir(spec):
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(os.path.join(spec, "tokenizer.json"))
+        return ([(text, tok.encode(text).ids) for text in PROMPTS],
+                "prompt token ids (tokenizer.json, its own add_special_tokens)")
+    with open(spec, encoding="utf-8") as f:
+        data = json.load(f)
+    items = data["prompts"] if isinstance(data, dict) else data
     prompts = []
-    for text in PROMPTS:
-        start = time.perf_counter()
-        prompts.append(run_prompt(model, tok, text))
-        p = prompts[-1]
-        print(f"{len(p['ids']):4d} tokens, {time.perf_counter() - start:5.1f}s: {text[:40]!r}"
-              f" -> {tok.decode(p['greedy'], skip_special_tokens=False)!r}")
-    print(f"{sum(len(p['ids']) for p in prompts)} prompt tokens in {len(prompts)} prompts")
+    for item in items:
+        text, ids = (item.get("text"), item["ids"]) if isinstance(item, dict) else (None, item)
+        if not ids or any(not isinstance(t, int) or not 0 <= t < n_vocab for t in ids):
+            sys.exit(f"prompt ids must be non-empty and within the vocabulary ({n_vocab})")
+        prompts.append((text, ids))
+    return prompts, f"prompt token ids as given in {os.path.basename(spec)}"
+
+
+def reference(model_path, prompt_spec, out_path):
+    hp, model, reader = load_gguf(model_path)
+    labels = label_ids(hp["n_vocab"])
+    prompt_list, ids_source = load_prompts(prompt_spec, reader, hp["n_vocab"])
+    started = time.perf_counter()
+    results = run_prompts(model, [ids for _, ids in prompt_list], labels)
+    elapsed = time.perf_counter() - started
+    prompts = [{"text": text, **p} for (text, _), p in zip(prompt_list, results)]
+    for p in prompts:
+        print(f"{len(p['ids']):4d} tokens: {str(p['text'])[:40]!r} -> {p['greedy'][:8]}..."
+              f" min margin {min(p['greedy_margin']):.3g}")
+    total = sum(len(p["ids"]) for p in prompts)
+    print(f"{total} prompt tokens in {len(prompts)} prompts, {GREEDY_TOKENS} greedy tokens each:"
+          f" {elapsed:.1f}s ({elapsed / len(prompts):.1f}s per prompt)", flush=True)
     out = {
         "description": __doc__.split("\nUsage:")[0].strip(),
-        "layout": "GGUF (Q/K rows as stored, interleaved rope pairs)",
+        "layout": ("GGUF (Q/K rows as stored, interleaved rope pairs)"
+                   if hp["rope_style"] == "interleaved" else
+                   "GGUF (Q/K rows as stored, NeoX rope pairs)"),
         "model_sha256": sha256(model_path),
         "versions": {name: version(name) for name in ("numpy", "gguf", "tokenizers")},
         "hparams": hp,
         "fields": {
-            "ids": "prompt token ids (tokenizer.json, its own add_special_tokens)",
+            "ids": ids_source,
             "logprob": "logprob[p] = log P(ids[p] | ids[:p]); null at p = 0",
             "top": f"top[p] = the {TOP_K} most likely [id, logprob] after ids[..=p],"
                    " descending, ties to the smaller id",
@@ -273,8 +649,9 @@ def reference(model_path, tokenizer_dir, out_path):
                       " id), not stopped at eos",
             "greedy_logprobs": "log-softmax of each greedy token at its step",
             "greedy_margin": "top-1 minus top-2 logprob at each greedy step",
+            "greedy_top": f"the {TOP_K} most likely [id, logprob] at each greedy step",
         },
-        "label_ids": LABEL_IDS,
+        "label_ids": labels,
         "prompts": prompts,
     }
     tmp = out_path + ".tmp"
@@ -284,23 +661,187 @@ def reference(model_path, tokenizer_dir, out_path):
     os.replace(tmp, out_path)
 
 
-def self_check(model_path, hf_dir):
-    gguf_hp, gguf_model = load_gguf(model_path)
+# ---- Hugging Face folders (the self-check) -------------------------------------------------
+
+HF_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
+            "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+            "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3"}
+
+
+def hf_hparams(config):
+    """The spec from an HF config.json, written from transformers' semantics."""
+    arch = HF_ARCHS.get((config.get("architectures") or [None])[0])
+    if arch is None:
+        sys.exit(f"unsupported HF architectures {config.get('architectures')}")
+    n_layer, n_embd, n_head = (config["num_hidden_layers"], config["hidden_size"],
+                               config["num_attention_heads"])
+    head_dim = config.get("head_dim") or n_embd // n_head
+    n_rot = int(head_dim * config.get("partial_rotary_factor", 1.0))
+    base = float(config.get("rope_theta", 10000.0))
+    scaling = config.get("rope_scaling")
+    factor = 1.0
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind != "linear":
+            sys.exit(f"rope_scaling {kind!r} is not implemented by the self-check")
+        factor = float(scaling["factor"])
+    windows, rope = [None] * n_layer, [[base, factor]] * n_layer
+    attn_scale, embed_scale, softcap = 1.0 / math.sqrt(head_dim), 1.0, None
+    if arch == "gemma3":
+        types = config.get("layer_types")
+        if types is None:
+            pattern = config.get("sliding_window_pattern", 6)
+            types = ["sliding_attention" if (l + 1) % pattern else "full_attention"
+                     for l in range(n_layer)]
+        for l, kind in enumerate(types):
+            if kind == "sliding_attention":
+                windows[l] = config["sliding_window"]
+                rope[l] = [float(config.get("rope_local_base_freq", 10000.0)), 1.0]
+        attn_scale = config["query_pre_attn_scalar"] ** -0.5
+        embed_scale = float(np.float32(n_embd ** 0.5))
+        if config.get("attn_logit_softcapping"):
+            sys.exit("attn_logit_softcapping is not implemented")
+        softcap = config.get("final_logit_softcapping")
+    elif arch in ("llama", "qwen2", "qwen3") and config.get("use_sliding_window"):
+        sys.exit("use_sliding_window is not implemented by the self-check")
+    return {
+        "arch": arch,
+        "n_layer": n_layer,
+        "n_embd": n_embd,
+        "n_ff": config["intermediate_size"],
+        "n_head": n_head,
+        "n_head_kv": config.get("num_key_value_heads", n_head),
+        "head_dim": head_dim,
+        "n_rot": n_rot,
+        "eps": config["rms_norm_eps"],
+        "rope_theta": base,
+        "rope_linear_factor": factor,
+        "rope_style": "interleaved" if arch == "llama" else "neox",
+        "rope": rope,
+        "sliding_window": windows,
+        "attn_scale": attn_scale,
+        "embed_scale": embed_scale,
+        "qk_norm": arch in ("qwen3", "gemma3"),
+        "post_norms": arch == "gemma3",
+        "act": "gelu_tanh" if arch == "gemma3" else "silu",
+        "final_logit_softcapping": softcap,
+    }
+
+
+def load_hf(folder):
+    """The model from a Hugging Face folder (config.json, model.safetensors): NeoX rope
+    (rotate_half) on un-permuted Q/K rows; Gemma's norms as x * (1 + w)."""
+    from safetensors.numpy import load_file
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    hp = hf_hparams(config)
+    raw = load_file(os.path.join(folder, "model.safetensors"))
+    if any(t.dtype != np.float32 for t in raw.values()):
+        sys.exit("the self-check needs an f32 folder")
+    t = Tensors({name: x.astype(np.float64) for name, x in raw.items()})
+    d, n_ff, arch = hp["n_embd"], hp["n_ff"], hp["arch"]
+    nq, nkv = hp["n_head"] * hp["head_dim"], hp["n_head_kv"] * hp["head_dim"]
+    gemma = arch == "gemma3"
+
+    def norm(name, size):
+        w = t.take(name, [size])
+        return 1.0 + w if gemma else w
+
+    embed = t.pool["model.embed_tokens.weight"]
+    n_vocab = embed.shape[0]
+    embed = t.take("model.embed_tokens.weight", [n_vocab, d])
+    bias = config.get("attention_bias", arch == "qwen2")
+    layers = []
+    for i in range(hp["n_layer"]):
+        p = f"model.layers.{i}."
+        L = {"attn_norm": norm(p + "input_layernorm.weight", d)}
+        if arch == "phi3":
+            qkv = t.take(p + "self_attn.qkv_proj.weight", [nq + 2 * nkv, d])
+            L["wq"], L["wk"], L["wv"] = qkv[:nq], qkv[nq:nq + nkv], qkv[nq + nkv:]
+        else:
+            for name, rows in (("q", nq), ("k", nkv), ("v", nkv)):
+                L["w" + name] = t.take(p + f"self_attn.{name}_proj.weight", [rows, d])
+                if bias:
+                    L["b" + name] = t.take(p + f"self_attn.{name}_proj.bias", [rows])
+        L["wo"] = t.take(p + "self_attn.o_proj.weight", [d, nq])
+        if bias and arch != "qwen2":
+            L["bo"] = t.take(p + "self_attn.o_proj.bias", [d])
+        if hp["qk_norm"]:
+            L["q_norm"] = norm(p + "self_attn.q_norm.weight", hp["head_dim"])
+            L["k_norm"] = norm(p + "self_attn.k_norm.weight", hp["head_dim"])
+        if gemma:
+            L["post_attn_norm"] = norm(p + "post_attention_layernorm.weight", d)
+            L["ffn_norm"] = norm(p + "pre_feedforward_layernorm.weight", d)
+            L["post_ffn_norm"] = norm(p + "post_feedforward_layernorm.weight", d)
+        else:
+            L["ffn_norm"] = norm(p + "post_attention_layernorm.weight", d)
+        if arch == "phi3":
+            up = t.take(p + "mlp.gate_up_proj.weight", [2 * n_ff, d])
+            L["w_gate"], L["w_up"] = up[:n_ff], up[n_ff:]
+        else:
+            L["w_gate"] = t.take(p + "mlp.gate_proj.weight", [n_ff, d])
+            L["w_up"] = t.take(p + "mlp.up_proj.weight", [n_ff, d])
+        L["w_down"] = t.take(p + "mlp.down_proj.weight", [d, n_ff])
+        layers.append(L)
+    final_norm = norm("model.norm.weight", d)
+    tied = config.get("tie_word_embeddings", False)
+    lm_head = embed if tied else t.take("lm_head.weight", [n_vocab, d])
+    t.finish()
+    hp["n_vocab"] = n_vocab
+    hp["rope_freqs"] = None
+    hp["tied"] = tied
+    # HF's rotate_half pairs (x[i], x[i + d/2]): the NeoX style, for every architecture.
+    hp_neox = dict(hp, rope_style="neox")
+    return hp, Model(hp_neox, layers, embed, final_norm, lm_head, None, "neox")
+
+
+def self_check(model_path, hf_dir, prompt_spec=None):
+    gguf_hp, gguf_model, reader = load_gguf(model_path)
     hf_hp, hf_model = load_hf(hf_dir)
     if gguf_hp != hf_hp:
-        sys.exit(f"config.json hyperparameters {hf_hp} differ from the GGUF's {gguf_hp}")
-    ids = np.array(Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json"))
-                   .encode(PROMPTS[SELF_CHECK_PROMPT]).ids)
-    diff = np.abs(gguf_model.forward(ids, []) - hf_model.forward(ids, [])).max()
-    print(f"self-check: {len(ids)} tokens, max |logprob(GGUF) - logprob(HF)| = {diff:.3g}")
+        diff = {k: (gguf_hp.get(k), hf_hp.get(k)) for k in gguf_hp.keys() | hf_hp.keys()
+                if gguf_hp.get(k) != hf_hp.get(k)}
+        sys.exit(f"config.json hyperparameters differ from the GGUF's (GGUF, HF): {diff}")
+    tokenizer = os.path.join(hf_dir, "tokenizer.json")
+    if prompt_spec is None and os.path.exists(tokenizer):
+        prompt_spec = hf_dir
+    elif prompt_spec is None:
+        prompt_spec = "builtin:gemma3"
+    prompts, _ = load_prompts(prompt_spec, reader, gguf_hp["n_vocab"])
+    index = SELF_CHECK_PROMPT if os.path.isdir(prompt_spec) else 0
+    ids = list(prompts[min(index, len(prompts) - 1)][1])
+    windows = [w for w in gguf_hp["sliding_window"] if w is not None]
+    if windows:
+        # Past the window, so that the sliding mask is exercised: all prompts, repeated.
+        every = [t for _, p in prompts for t in p]
+        while len(ids) <= max(windows) + 16:
+            ids += every
+        ids = ids[:max(windows) + 48]
+    ids = np.array(ids)
+    start = time.perf_counter()
+    a, b = gguf_model.forward(ids, []), hf_model.forward(ids, [])
+    # The output layer over the last 64 positions (and the first 8): enough to compare.
+    rows = sorted(set(range(min(8, len(ids)))) | set(range(max(0, len(ids) - 64), len(ids))))
+    diff = 0.0
+    for (_, la), (_, lb) in zip(gguf_model.logprob_chunks(a[rows]),
+                                hf_model.logprob_chunks(b[rows])):
+        diff = max(diff, float(np.abs(la - lb).max()))
+    hidden = float(np.abs(a - b).max())
+    print(f"self-check: {len(ids)} tokens ({len(rows)} scored), max |logprob(GGUF) -"
+          f" logprob(HF)| = {diff:.3g}, max |hidden difference| = {hidden:.3g},"
+          f" {time.perf_counter() - start:.1f}s")
     if not diff <= SELF_CHECK_TOLERANCE:
         sys.exit(f"self-check failed: difference {diff} above {SELF_CHECK_TOLERANCE}")
 
 
-if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--self-check":
+def main():
+    if len(sys.argv) >= 2 and sys.argv[1] == "--self-check" and len(sys.argv) in (4, 5):
         self_check(*sys.argv[2:])
-    elif len(sys.argv) == 4:
+    elif len(sys.argv) == 4 and not sys.argv[1].startswith("-"):
         reference(*sys.argv[1:])
     else:
         sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()

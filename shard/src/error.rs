@@ -2,7 +2,8 @@
 
 use tonic::{Code, Status};
 
-/// Loading a model failed: the launcher shows this and exits.
+/// Loading a model failed: the shard logs this one line and exits, and the launcher
+/// exits with it. Every variant names the file, and the key or tensor at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("cannot read {path}: {source}")]
@@ -10,18 +11,77 @@ pub enum LoadError {
         path: String,
         source: std::io::Error,
     },
-    #[error("{0}")]
-    Config(String),
-    #[error("architecture {0:?} is not supported (supported: llama, mistral, qwen2)")]
-    UnsupportedArchitecture(String),
-    #[error("weights: {0}")]
-    MissingTensor(String),
+    #[error("{file}: {problem}")]
+    Config { file: String, problem: String },
+    #[error("{file}: metadata {key} {problem}")]
+    Metadata {
+        file: String,
+        key: String,
+        problem: String,
+    },
+    #[error(
+        "{file}: metadata {key} is not applied by Sonde's {architecture} forward pass; \
+         refusing to serve scores that would ignore it"
+    )]
+    UnappliedMetadata {
+        file: String,
+        key: String,
+        architecture: String,
+    },
+    #[error(
+        "{file}: architecture {found:?} is not supported (supported: {})",
+        crate::model::Architecture::supported()
+    )]
+    UnsupportedArchitecture { file: String, found: String },
+    #[error("{file}: {what}")]
+    Unsupported { file: String, what: String },
+    #[error("{file}: the model's hyperparameters are inconsistent: {problem}")]
+    Spec { file: String, problem: String },
+    #[error("{file}: tensor {tensor} is missing")]
+    MissingTensor { file: String, tensor: String },
+    #[error(
+        "{file}: tensor {tensor} is not applied by Sonde's {architecture} forward pass; \
+         refusing to serve scores that would ignore it"
+    )]
+    UnusedTensor {
+        file: String,
+        tensor: String,
+        architecture: String,
+    },
+    #[error("{file}: tensor {tensor} has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        file: String,
+        tensor: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    #[error(
+        "{file}: tensor {tensor} is stored as {format}, which Sonde has no exact kernel for \
+         (served exactly: {served}); requantize the file to one of those"
+    )]
+    UnsupportedFormat {
+        file: String,
+        tensor: String,
+        format: String,
+        served: String,
+    },
+    #[error("{file}: {problem}")]
+    Corrupt { file: String, problem: String },
     #[error("{0} is neither a .gguf file nor a folder with config.json and *.safetensors")]
     UnknownFormat(String),
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] sonde_tokenizer::TokenizerError),
-    #[error("candle: {0}")]
+    #[error("candle: {}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
+}
+
+/// A candle error without the backtrace candle attaches when `RUST_BACKTRACE` is set, so
+/// that a load error stays the one line the launcher prints.
+pub fn candle_message(err: &candle_core::Error) -> String {
+    match err {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
+        other => other.to_string(),
+    }
 }
 
 /// A request to the engine failed. Client mistakes name the field and the limit.
@@ -44,7 +104,7 @@ pub enum EngineError {
         budget: usize,
     },
     /// The forward pass itself failed; the batch it ran is dropped.
-    #[error("forward pass failed: {0}")]
+    #[error("forward pass failed: {}", candle_message(.0))]
     Model(#[from] candle_core::Error),
     /// Sampling or scoring a row failed (a NaN row, say); the batch is dropped.
     #[error("scoring failed: {0}")]

@@ -4,16 +4,29 @@
 use std::path::Path;
 use std::time::Instant;
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 use sonde_tokenizer::ModelTokenizer;
 
 use crate::error::LoadError;
-use crate::model::{Model, ModelConfig, QuantPolicy, WeightSource};
+use crate::model::arch::{self, HfFacts};
+use crate::model::{AttentionKernel, Model, Placement, QuantPolicy, WeightSource};
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     pub device: Device,
     pub quant_policy: QuantPolicy,
+    /// The attention kernel; `None`: the host kernel on the CPU, candle's ops elsewhere.
+    pub attention: Option<AttentionKernel>,
+}
+
+impl LoadOptions {
+    pub fn cpu(quant_policy: QuantPolicy) -> Self {
+        LoadOptions {
+            device: Device::Cpu,
+            quant_policy,
+            attention: None,
+        }
+    }
 }
 
 /// What `Info` reports about the loaded model.
@@ -38,27 +51,36 @@ pub struct LoadedModel {
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError> {
     let started = Instant::now();
     let is_gguf = path.is_file() && path.extension().is_some_and(|e| e == "gguf");
-    let (cfg, mut src, tokenizer) = if is_gguf {
+    let (spec, mut src, tokenizer) = if is_gguf {
         let src = WeightSource::open_gguf(path, opts.quant_policy)?;
-        let cfg = match src.gguf_content() {
-            Some(content) => ModelConfig::from_gguf(content)?,
+        let spec = match src.gguf_content() {
+            Some(content) => arch::from_gguf(path, content)?,
             None => return Err(LoadError::UnknownFormat(path.display().to_string())),
         };
-        (cfg, src, ModelTokenizer::from_gguf_file(path)?)
+        (spec, src, ModelTokenizer::from_gguf_file(path)?)
     } else if path.join("config.json").is_file() {
         let config_path = path.join("config.json");
         let text = std::fs::read_to_string(&config_path).map_err(|source| LoadError::Io {
             path: config_path.display().to_string(),
             source,
         })?;
-        let cfg = ModelConfig::from_hf_json(&text)?;
-        let src = WeightSource::open_safetensors(path, &opts.device)?;
-        (cfg, src, ModelTokenizer::from_hf_dir(path)?)
+        let src = WeightSource::open_safetensors(path)?;
+        let embedding_dtype = src.dense_dtype("model.embed_tokens.weight");
+        let facts = HfFacts {
+            has_tensor: &|name| src.contains(name),
+            round_to_weights: &|v| round_to(v, embedding_dtype),
+        };
+        let spec = arch::from_hf(&config_path, &text, &facts)?;
+        (spec, src, ModelTokenizer::from_hf_dir(path)?)
     } else {
         return Err(LoadError::UnknownFormat(path.display().to_string()));
     };
-    let model = Model::load(cfg, &mut src, &opts.device)?;
-    let cfg = model.config();
+    let placement = Placement {
+        device: opts.device.clone(),
+        attention: opts.attention,
+    };
+    let model = Model::load(spec, &mut src, &placement)?;
+    let cfg = model.spec();
     let special = tokenizer.special_tokens();
     let facts = ModelFacts {
         model_id: path.display().to_string(),
@@ -69,7 +91,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError> {
         vocab_size: cfg.vocab_size,
         eos_token_ids: special.eos.clone(),
         bos_token_id: special.bos,
-        max_context: cfg.max_position_embeddings,
+        max_context: cfg.context_length,
     };
     tracing::info!(
         model = %facts.model_id,
@@ -79,6 +101,15 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError> {
         "model loaded"
     );
     Ok(LoadedModel { model, facts })
+}
+
+/// `v` as the nearest value of `dtype` (f16, bf16), back in f32.
+fn round_to(v: f32, dtype: Option<DType>) -> f32 {
+    match dtype {
+        Some(DType::BF16) => half::bf16::from_f32(v).to_f32(),
+        Some(DType::F16) => half::f16::from_f32(v).to_f32(),
+        _ => v,
+    }
 }
 
 fn device_name(device: &Device) -> String {

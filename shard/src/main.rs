@@ -64,13 +64,15 @@ async fn main() -> anyhow::Result<()> {
     };
     let opts = LoadOptions {
         device,
+        attention: None,
         quant_policy: match args.gguf_quant {
             Quant::Q8_0 => QuantPolicy::RequantizeQ8_0,
             Quant::Keep => QuantPolicy::Keep,
         },
     };
-    let loaded = loader::load(&args.model, &opts)
-        .with_context(|| format!("loading {}", args.model.display()))?;
+    // A load error is one line naming the file and the tensor or key (the launcher shows
+    // it as the reason it exits).
+    let loaded = loader::load(&args.model, &opts)?;
     let engine = Engine::new(
         loaded,
         EngineConfig {

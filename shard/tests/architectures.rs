@@ -1,7 +1,7 @@
-//! Mistral and Qwen2 checkpoints go through the same forward pass as Llama: the default
-//! model's weights, relabelled (and, for Qwen2, given zero q/k/v biases, which add exactly
-//! nothing), must give bit-identical scores; configurations the pass cannot serve exactly
-//! are refused.
+//! Hugging Face checkpoints of the Llama family through the spec-driven pass: Mistral and
+//! Qwen2 relabellings of the default model's weights (Qwen2 with zero q/k/v biases, which
+//! add exactly nothing) give bit-identical scores; Llama 3 rope scaling is applied;
+//! configurations and tensors the pass does not apply are refused, naming them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -108,31 +108,118 @@ fn mistral_and_qwen2_configs_run_the_same_pass() {
 
 #[test]
 fn unservable_configs_are_refused_with_the_reason() {
-    let load = |path: &Path| {
-        loader::load(
-            path,
-            &LoadOptions {
-                device: Device::Cpu,
-                quant_policy: QuantPolicy::default(),
-            },
-        )
-    };
-    let scaled = variant(
-        "scaled",
-        |c| c["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0}),
-        HashMap::new(),
-    );
-    let err = load(&scaled).err().unwrap();
-    assert!(matches!(err, LoadError::Config(_)), "{err}");
-    assert!(err.to_string().contains("rope_scaling"), "{err}");
+    let load = |path: &Path| loader::load(path, &LoadOptions::cpu(QuantPolicy::default()));
+    let cases = [
+        (
+            "yarn",
+            serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+            "rope scaling type \"yarn\" is not implemented",
+        ),
+        (
+            "llama3-incomplete",
+            serde_json::json!({"rope_type": "llama3", "factor": 8.0}),
+            "lacks a numeric \"low_freq_factor\"",
+        ),
+    ];
+    for (name, scaling, want) in cases {
+        let dir = variant(name, |c| c["rope_scaling"] = scaling, HashMap::new());
+        let err = load(&dir).err().unwrap();
+        assert!(matches!(err, LoadError::Config { .. }), "{err}");
+        assert!(err.to_string().contains(want), "{err}");
+        assert!(err.to_string().contains("config.json"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     let other = variant("gpt2", |c| c["model_type"] = "gpt2".into(), HashMap::new());
     let err = load(&other).err().unwrap();
     assert!(
-        err.to_string().contains("\"gpt2\" is not supported"),
+        err.to_string()
+            .contains("architecture \"gpt2\" is not supported"),
         "{err}"
     );
-    for dir in [scaled, other] {
+    let act = variant("gelu", |c| c["hidden_act"] = "gelu".into(), HashMap::new());
+    let err = load(&act).err().unwrap();
+    assert!(err.to_string().contains("hidden_act \"gelu\""), "{err}");
+    let extra = variant(
+        "extra",
+        |_| {},
+        HashMap::from([(
+            "model.layers.0.self_attn.sinks".to_string(),
+            Tensor::zeros(9, candle_core::DType::F32, &Device::Cpu).unwrap(),
+        )]),
+    );
+    let err = load(&extra).err().unwrap();
+    assert!(
+        matches!(&err, LoadError::UnusedTensor { tensor, .. } if tensor == "model.layers.0.self_attn.sinks"),
+        "{err}"
+    );
+    for dir in [other, act, extra] {
         std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+/// Llama 3's `rope_scaling` in a config.json turns the rotary frequencies as the formula
+/// says: the scores move away from the unscaled model's (every position > 0 changes).
+#[test]
+fn llama3_rope_scaling_changes_the_scores() {
+    let plain = scores(&hf_f32_path());
+    let scaled = variant(
+        "llama3",
+        |c| {
+            c["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64});
+        },
+        HashMap::new(),
+    );
+    let got = scores(&scaled);
+    std::fs::remove_dir_all(&scaled).unwrap();
+    // Position 0 has no rotation (and no logprob); every later one differs.
+    for (a, b) in plain.prefill.iter().zip(&got.prefill).skip(2) {
+        assert_ne!(a.logprob, b.logprob);
+    }
+}
+
+/// Gemma 3's GGUF metadata read into the spec the forward pass runs (the facts of
+/// ../shared/ARCHITECTURES.md, checked against llama.cpp's gemma3.cpp).
+#[test]
+fn gemma3_gguf_spec() {
+    use candle_core::quantized::gguf_file;
+    use sonde_shard::model::spec::{Activation, Architecture, RopeStyle};
+
+    let path = gemma3_path();
+    let mut f = std::fs::File::open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-data)", path.display()));
+    let content = gguf_file::Content::read(&mut f).unwrap();
+    let spec = sonde_shard::model::arch::from_gguf(&path, &content).unwrap();
+    assert_eq!(spec.architecture, Architecture::Gemma3);
+    assert_eq!(
+        (spec.hidden_size, spec.intermediate_size, spec.num_layers()),
+        (640, 2048, 18)
+    );
+    assert_eq!(
+        (spec.num_heads, spec.num_kv_heads, spec.head_dim),
+        (4, 1, 256)
+    );
+    assert_eq!(spec.vocab_size, 262_144);
+    assert_eq!(spec.attention_scale, 1.0 / 16.0);
+    assert_eq!(spec.embedding_scale, Some(640f32.sqrt()));
+    assert!(spec.qk_norm && spec.post_norms && spec.tied_output);
+    assert_eq!(spec.activation, Activation::GeluTanh);
+    assert_eq!((spec.attention_softcap, spec.final_softcap), (None, None));
+    assert_eq!(spec.norm_weight_offset, 0.0);
+    for (i, layer) in spec.layers.iter().enumerate() {
+        let global = (i + 1) % 6 == 0;
+        assert_eq!(
+            layer.window,
+            if global { None } else { Some(512) },
+            "layer {i}"
+        );
+        let rope = &spec.ropes[layer.rope];
+        assert_eq!(rope.base, if global { 1e6 } else { 1e4 }, "layer {i}");
+        assert_eq!(
+            (rope.style, rope.dims, rope.linear_factor),
+            (RopeStyle::Half, 256, 1.0)
+        );
     }
 }

@@ -1,10 +1,15 @@
 //! The shard's scores against an independent float64 numpy forward pass
-//! (`scripts/reference_forward.py`, weights dequantized by the `gguf` package).
+//! (`scripts/reference_forward.py`, weights dequantized by the `gguf` package): the default
+//! model as GGUF and as an f32 safetensors folder, Gemma 3 (mixed K-quant blocks, sliding and
+//! global layers), and the test models of `scripts/make_test_models.py` (Llama 3.1 rope
+//! frequencies, linear rope scaling, qwen2 biases, qwen3 q/k norms, phi3 fused projections and
+//! partial rotary, Gemma 3 with a 32-token window). `scripts/test` writes every reference.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 use common::*;
 use serde_json::Value;
@@ -28,9 +33,13 @@ struct Reference {
     prompts: Vec<RefPrompt>,
 }
 
+/// The default model's reference.
 fn reference() -> Reference {
-    let path = data_dir().join("reference/forward.json");
-    let text = std::fs::read_to_string(&path)
+    reference_at(&data_dir().join("reference/forward.json"))
+}
+
+fn reference_at(path: &Path) -> Reference {
+    let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("{}: {e} (run scripts/test)", path.display()));
     let v: Value = serde_json::from_str(&text).unwrap();
     let u32s = |v: &Value| -> Vec<u32> {
@@ -106,15 +115,15 @@ impl Deltas {
 
 /// Scores every prompt position (prompt logprobs and labels) and the first generated
 /// token, and compares them with the reference.
-fn compare_prompt_scores(path: &std::path::Path) -> (Deltas, Deltas, usize) {
-    compare_prompt_scores_with(path, QuantPolicy::default())
+fn compare_prompt_scores(path: &Path) -> (Deltas, Deltas, usize) {
+    compare_prompt_scores_with(path, &reference(), QuantPolicy::default())
 }
 
 fn compare_prompt_scores_with(
-    path: &std::path::Path,
+    path: &Path,
+    r: &Reference,
     policy: QuantPolicy,
 ) -> (Deltas, Deltas, usize) {
-    let r = reference();
     let mut engine = engine_with(path, 4096, policy);
     let mut prompt = Deltas::default();
     let mut labels = Deltas::default();
@@ -188,7 +197,7 @@ fn gguf_path_matches_float64_reference_within_1e_3() {
 }
 
 /// 32 greedy tokens after every reference prompt, all prompts in one batch.
-fn greedy_runs(path: &std::path::Path, r: &Reference) -> HashMap<u64, Outcome> {
+fn greedy_runs(path: &Path, r: &Reference) -> HashMap<u64, Outcome> {
     let mut engine = engine(path, 8192);
     let requests = r
         .prompts
@@ -269,7 +278,7 @@ fn f32_top_tokens_match_reference_order() {
 #[ignore = "measurement for the notes: the --gguf-quant q8_0 option"]
 fn gguf_requantized_q8_0_noise() {
     let (prompt, labels, positions) =
-        compare_prompt_scores_with(&gguf_path(), QuantPolicy::RequantizeQ8_0);
+        compare_prompt_scores_with(&gguf_path(), &reference(), QuantPolicy::RequantizeQ8_0);
     eprintln!(
         "GGUF (requantized to q8_0) vs f64 reference over {positions} prompt positions: \
          prompt logprobs max |Δ| {:.3e} mean {:.3e}; label logprobs max {:.3e} mean {:.3e}",
@@ -278,4 +287,110 @@ fn gguf_requantized_q8_0_noise() {
         labels.max,
         labels.mean()
     );
+}
+
+/// Greedy tokens against the reference's: identical at every step until one where the
+/// reference's top-1/top-2 margin is within f32 noise (there either token is right, and
+/// the continuations part). Returns how many steps were compared.
+fn check_greedy(label: &str, out: &HashMap<u64, Outcome>, r: &Reference) -> usize {
+    let mut compared = 0;
+    for (i, p) in r.prompts.iter().enumerate() {
+        let got = &out[&(i as u64)];
+        for (step, want) in p.greedy.iter().enumerate() {
+            let token = &got.tokens[step];
+            if token.id != *want {
+                assert!(
+                    p.greedy_margin[step] < 1e-4,
+                    "{label}: prompt {i} step {step}: token {} where the reference has {want} \
+                     (its margin {:.2e})",
+                    token.id,
+                    p.greedy_margin[step]
+                );
+                break;
+            }
+            let d = (token.logprob.unwrap() as f64 - p.greedy_logprobs[step]).abs();
+            assert!(
+                d <= 1e-3,
+                "{label}: prompt {i} step {step}: logprob |Δ| {d}"
+            );
+            compared += 1;
+        }
+    }
+    compared
+}
+
+/// Scores and greedy tokens of one model against its reference, with the bounds of the
+/// default model: prompt logprobs max 1e-3 and mean 1e-4, labels max 2e-3.
+fn check_model(label: &str, model: &Path, reference: &Path) {
+    let r = reference_at(reference);
+    let (prompt, labels, positions) = compare_prompt_scores_with(model, &r, QuantPolicy::default());
+    let steps = check_greedy(label, &greedy_runs(model, &r), &r);
+    eprintln!(
+        "{label} vs f64 reference over {positions} prompt positions: prompt logprobs max |Δ| \
+         {:.3e} mean {:.3e}; label logprobs max {:.3e} mean {:.3e}; {steps} greedy steps equal",
+        prompt.max,
+        prompt.mean(),
+        labels.max,
+        labels.mean()
+    );
+    assert!(
+        positions >= 200,
+        "{label}: only {positions} scored positions"
+    );
+    assert!(prompt.max <= 1e-3, "{label}: max |Δ| {}", prompt.max);
+    assert!(prompt.mean() <= 1e-4, "{label}: mean |Δ| {}", prompt.mean());
+    assert!(labels.max <= 2e-3, "{label}: label max |Δ| {}", labels.max);
+    assert!(
+        steps >= r.prompts.len() * 16,
+        "{label}: only {steps} greedy steps compared"
+    );
+}
+
+/// Gemma 3 270M Q4_K_M as stored: Q4_K, Q5_0, Q6_K, Q8_0 and F32 tensors multiplied by f32
+/// activations, five sliding-window layers to each global one, each with its rope base.
+#[test]
+fn gemma3_gguf_matches_float64_reference() {
+    check_model(
+        "Gemma 3 GGUF",
+        &gemma3_path(),
+        &data_dir().join("reference/gemma3/forward.json"),
+    );
+}
+
+/// The same model dequantized into an f32 Hugging Face folder (`scripts/gguf_to_hf.py`:
+/// HF names, HF's `1 + w` norms, `config.json` with `layer_types` and both rope bases):
+/// the safetensors path reads the same architecture from the other kind of source.
+#[test]
+fn gemma3_f32_safetensors_matches_float64_reference() {
+    check_model(
+        "Gemma 3 f32 safetensors",
+        &data_dir().join("models/gemma3-hf-f32"),
+        &data_dir().join("reference/gemma3/forward.json"),
+    );
+}
+
+fn test_model(name: &str) -> (PathBuf, PathBuf) {
+    (
+        data_dir().join(format!("models/test/{name}.gguf")),
+        data_dir().join(format!("reference/test-models/{name}.json")),
+    )
+}
+
+macro_rules! test_models {
+    ($($test:ident => $name:literal,)*) => {$(
+        #[test]
+        fn $test() {
+            let (model, reference) = test_model($name);
+            check_model($name, &model, &reference);
+        }
+    )*};
+}
+
+test_models! {
+    llama31_rope_freqs_match_float64_reference => "llama31-rope",
+    llama_linear_rope_scaling_matches_float64_reference => "llama-linear",
+    qwen2_biases_match_float64_reference => "qwen2",
+    qwen3_qk_norms_match_float64_reference => "qwen3",
+    phi3_fused_projections_and_partial_rotary_match_float64_reference => "phi3",
+    gemma3_short_window_and_linear_scaling_match_float64_reference => "gemma3-swa",
 }

@@ -12,7 +12,7 @@ use sonde_proto as pb;
 
 use crate::error::EngineError;
 use crate::loader::{LoadedModel, ModelFacts};
-use crate::model::{Model, SeqCache};
+use crate::model::Model;
 use crate::sampling::Sampler;
 use scoring::Scorer;
 pub use sequence::MAX_LABEL_TOKENS;
@@ -85,7 +85,7 @@ impl Engine {
         let mut seqs = Vec::with_capacity(requests.len());
         let mut prompts = Vec::with_capacity(requests.len());
         for req in requests {
-            let cache = SeqCache::new(self.model.config(), req.reservation(), self.model.device())?;
+            let cache = self.model.new_cache(req.reservation())?;
             let sampler = Sampler::new(req.sampling, &req.input_ids)
                 .map_err(|e| EngineError::InvalidRequest(format!("request {}: {e}", req.id)))?;
             seqs.push(Sequence {

@@ -26,8 +26,8 @@ impl Engine {
             });
             start += p.len();
         }
-        let tokens = Tensor::new(prompts.concat(), &device)?;
-        let hidden = run_model(&self.model, seqs, tokens, &spans)?;
+        let tokens = prompts.concat();
+        let hidden = run_model(&self.model, seqs, &tokens, &spans)?;
 
         // Last positions of the requests that did not ask for prompt scores, in one product.
         let plain: Vec<usize> = (0..seqs.len())
@@ -98,15 +98,11 @@ impl Engine {
         &mut self,
         seqs: &mut [Sequence],
     ) -> Result<Vec<pb::Generation>, EngineError> {
-        let device = self.model.device().clone();
-        let tokens = Tensor::new(
-            seqs.iter().map(|s| s.last_token).collect::<Vec<_>>(),
-            &device,
-        )?;
+        let tokens: Vec<u32> = seqs.iter().map(|s| s.last_token).collect();
         let spans: Vec<SeqSpan> = (0..seqs.len())
             .map(|i| SeqSpan { start: i, len: 1 })
             .collect();
-        let hidden = run_model(&self.model, seqs, tokens, &spans)?;
+        let hidden = run_model(&self.model, seqs, &tokens, &spans)?;
         let logits = logits_rows(&self.model, &hidden)?;
         let vocab = self.facts.vocab_size;
         seqs.iter_mut()
@@ -149,7 +145,7 @@ impl Engine {
 fn run_model(
     model: &Model,
     seqs: &mut [Sequence],
-    tokens: Tensor,
+    tokens: &[u32],
     spans: &[SeqSpan],
 ) -> Result<Tensor, EngineError> {
     let mut caches: Vec<&mut SeqCache> = seqs.iter_mut().map(|s| &mut s.cache).collect();
@@ -159,6 +155,6 @@ fn run_model(
 /// Logits of hidden rows, flattened row-major (\[rows × vocab\]) on the host.
 fn logits_rows(model: &Model, hidden: &Tensor) -> Result<Vec<f32>, EngineError> {
     let logits = model.logits(hidden)?;
-    debug_assert_eq!(logits.dim(D::Minus1).ok(), Some(model.config().vocab_size));
+    debug_assert_eq!(logits.dim(D::Minus1).ok(), Some(model.spec().vocab_size));
     Ok(logits.flatten_all()?.to_vec1::<f32>()?)
 }

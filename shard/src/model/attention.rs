@@ -1,4 +1,5 @@
-//! Causal attention of a ragged batch on the CPU, straight over host memory.
+//! Causal attention of a ragged batch on the CPU, straight over host memory, with an
+//! optional sliding window and score softcap per layer.
 //!
 //! Running attention as candle ops costs a dozen small ops per sequence and layer, whose
 //! dispatch dwarfs the arithmetic when a decode step has one token per sequence. Here one
@@ -9,8 +10,8 @@
 use candle_core::Result;
 use rayon::prelude::*;
 
+use super::decoder::SeqSpan;
 use super::kv_cache::SeqCache;
-use super::llama::SeqSpan;
 
 /// Below this many multiply-adds per step, threads cost more than they save.
 const PARALLEL_MIN_MACS: usize = 1 << 16;
@@ -22,6 +23,18 @@ pub struct HeadShape {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+}
+
+/// What one layer's attention computes beyond the shapes.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnParams {
+    pub shape: HeadShape,
+    /// Scores are `q·k * scale`.
+    pub scale: f32,
+    /// Scores become `cap * tanh(score / cap)`.
+    pub softcap: Option<f32>,
+    /// A query at position p sees keys p - window < j <= p.
+    pub window: Option<usize>,
 }
 
 /// The step's rows, packed: `q` is `[tokens, num_heads, head_dim]`, `k` and `v` are
@@ -36,7 +49,7 @@ pub struct StepQkv<'a> {
 /// checked that they fit), then returns the attention output
 /// `[tokens, num_heads * head_dim]`.
 pub fn host_attention(
-    shape: HeadShape,
+    params: AttnParams,
     spans: &[SeqSpan],
     qkv: &StepQkv,
     caches: &mut [&mut SeqCache],
@@ -46,7 +59,7 @@ pub fn host_attention(
         num_heads,
         num_kv_heads,
         head_dim: d,
-    } = shape;
+    } = params.shape;
     let n_rep = num_heads / num_kv_heads;
     let tokens = spans.iter().map(|s| s.start + s.len).max().unwrap_or(0);
     if qkv.q.len() != tokens * num_heads * d || qkv.k.len() != tokens * num_kv_heads * d {
@@ -81,12 +94,12 @@ pub fn host_attention(
         let keys = &k[g * capacity * d..];
         let values = &v[g * capacity * d..];
         head_attention(
+            &params,
             span,
             past,
             |t| &qkv.q[((span.start + t) * num_heads + h) * d..][..d],
             keys,
             values,
-            d,
         )
     };
     let work: usize = spans
@@ -113,24 +126,32 @@ pub fn host_attention(
     Ok(out)
 }
 
-/// One head of one sequence: for each new row t (position past + t), softmax over the
-/// scaled scores of keys 0..=past + t, then the weighted sum of their values.
+/// One head of one sequence: for each new row t (position p = past + t), softmax over
+/// the scaled (and capped) scores of the keys it sees, then the weighted sum of their
+/// values.
 fn head_attention<'q>(
+    params: &AttnParams,
     span: SeqSpan,
     past: usize,
     query: impl Fn(usize) -> &'q [f32],
     keys: &[f32],
     values: &[f32],
-    d: usize,
 ) -> Vec<f32> {
-    let scale = 1.0 / (d as f32).sqrt();
+    let d = params.shape.head_dim;
     let mut out = vec![0f32; span.len * d];
     let mut scores = Vec::with_capacity(past + span.len);
     for t in 0..span.len {
         let q = query(t);
-        let visible = past + t + 1;
+        let end = past + t + 1;
+        let first = params.window.map_or(0, |w| end.saturating_sub(w));
         scores.clear();
-        scores.extend((0..visible).map(|j| dot(q, &keys[j * d..(j + 1) * d]) * scale));
+        scores.extend((first..end).map(|j| {
+            let s = dot(q, &keys[j * d..(j + 1) * d]) * params.scale;
+            match params.softcap {
+                Some(cap) => cap * (s / cap).tanh(),
+                None => s,
+            }
+        }));
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0f32;
         for s in scores.iter_mut() {
@@ -138,7 +159,7 @@ fn head_attention<'q>(
             sum += *s;
         }
         let row = &mut out[t * d..(t + 1) * d];
-        for (j, &w) in scores.iter().enumerate() {
+        for (j, &w) in (first..end).zip(scores.iter()) {
             let p = w / sum;
             for (o, &x) in row.iter_mut().zip(&values[j * d..(j + 1) * d]) {
                 *o += p * x;

@@ -2,7 +2,16 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use super::config::ModelConfig;
+use super::spec::ModelSpec;
+
+/// Where a cache lives, chosen once at load with the attention kernel.
+#[derive(Debug, Clone)]
+pub enum KvLayout {
+    /// Host vectors, read and written in place by the CPU attention kernel.
+    Host,
+    /// Tensors on a device, for candle's ops.
+    Device(Device),
+}
 
 /// One layer's keys and values, `[kv_heads, capacity, head_dim]` each.
 enum LayerStore {
@@ -30,21 +39,20 @@ pub struct HostLayer<'a> {
 }
 
 impl SeqCache {
-    pub fn new(cfg: &ModelConfig, capacity: usize, device: &Device) -> Result<Self> {
-        let shape = (cfg.num_kv_heads, capacity, cfg.head_dim);
-        let elems = cfg.num_kv_heads * capacity * cfg.head_dim;
-        let layers = (0..cfg.num_layers)
+    pub fn new(spec: &ModelSpec, capacity: usize, layout: &KvLayout) -> Result<Self> {
+        let shape = (spec.num_kv_heads, capacity, spec.head_dim);
+        let elems = spec.num_kv_heads * capacity * spec.head_dim;
+        let layers = (0..spec.num_layers())
             .map(|_| {
-                Ok(if device.is_cpu() {
-                    LayerStore::Host {
+                Ok(match layout {
+                    KvLayout::Host => LayerStore::Host {
                         k: vec![0.0; elems],
                         v: vec![0.0; elems],
-                    }
-                } else {
-                    LayerStore::Device {
+                    },
+                    KvLayout::Device(device) => LayerStore::Device {
                         k: Tensor::zeros(shape, DType::F32, device)?,
                         v: Tensor::zeros(shape, DType::F32, device)?,
-                    }
+                    },
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -1,14 +1,23 @@
-//! The model: its shape, weights and the batched forward pass.
+//! The model: its spec, weights and the batched forward pass.
+//!
+//! `arch` reads a file's metadata into a [`ModelSpec`]; `load` takes the tensors the spec
+//! applies (refusing any it does not); `decoder` runs a ragged batch through it.
 
+pub mod arch;
 pub mod attention;
-pub mod config;
+pub mod attention_device;
 pub mod cpu_matmul;
+pub mod decoder;
 pub mod kv_cache;
 pub mod layers;
-pub mod llama;
+pub mod load;
+pub mod names;
+pub mod rope;
+pub mod spec;
 pub mod weights;
 
-pub use config::{Architecture, ModelConfig, RopeStyle};
+pub use decoder::{AttentionKernel, Model, SeqSpan, StepInput};
 pub use kv_cache::SeqCache;
-pub use llama::{Model, SeqSpan, StepInput};
+pub use load::Placement;
+pub use spec::{Architecture, ModelSpec, RopeStyle};
 pub use weights::{QuantPolicy, WeightSource};

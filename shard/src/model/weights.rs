@@ -1,104 +1,25 @@
-//! Where the tensors come from: a GGUF file (quantized) or Hugging Face safetensors.
+//! Where the tensors come from: a GGUF file (quantized blocks) or Hugging Face
+//! safetensors, by their key in the file.
 //!
-//! Both sources hand the model the same things — a [`QMatMul`] per projection (quantized
-//! blocks, or a dense f32 matrix) and f32 vectors for norms and biases — so the forward
-//! pass has one code path for both formats.
+//! Every tensor handed out is checked against the shape the forward pass expects and
+//! recorded as used, so that after loading, a tensor of the file that nothing applied is
+//! a load error (`first_unused`) rather than a silently different model.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use crate::error::LoadError;
-
-/// A tensor of the checkpoint, named independently of the file format.
-#[derive(Debug, Clone, Copy)]
-pub enum Name {
-    Embedding,
-    OutputNorm,
-    Output,
-    Layer(usize, LayerTensor),
-}
-
-#[derive(Debug, Clone, Copy)]
-pub enum LayerTensor {
-    AttnNorm,
-    Q,
-    K,
-    V,
-    QBias,
-    KBias,
-    VBias,
-    O,
-    FfnNorm,
-    Gate,
-    Up,
-    Down,
-}
-
-impl Name {
-    fn gguf(self) -> String {
-        use LayerTensor::*;
-        match self {
-            Name::Embedding => "token_embd.weight".into(),
-            Name::OutputNorm => "output_norm.weight".into(),
-            Name::Output => "output.weight".into(),
-            Name::Layer(i, t) => {
-                let suffix = match t {
-                    AttnNorm => "attn_norm.weight",
-                    Q => "attn_q.weight",
-                    K => "attn_k.weight",
-                    V => "attn_v.weight",
-                    QBias => "attn_q.bias",
-                    KBias => "attn_k.bias",
-                    VBias => "attn_v.bias",
-                    O => "attn_output.weight",
-                    FfnNorm => "ffn_norm.weight",
-                    Gate => "ffn_gate.weight",
-                    Up => "ffn_up.weight",
-                    Down => "ffn_down.weight",
-                };
-                format!("blk.{i}.{suffix}")
-            }
-        }
-    }
-
-    fn hf(self) -> String {
-        use LayerTensor::*;
-        match self {
-            Name::Embedding => "model.embed_tokens.weight".into(),
-            Name::OutputNorm => "model.norm.weight".into(),
-            Name::Output => "lm_head.weight".into(),
-            Name::Layer(i, t) => {
-                let suffix = match t {
-                    AttnNorm => "input_layernorm.weight",
-                    Q => "self_attn.q_proj.weight",
-                    K => "self_attn.k_proj.weight",
-                    V => "self_attn.v_proj.weight",
-                    QBias => "self_attn.q_proj.bias",
-                    KBias => "self_attn.k_proj.bias",
-                    VBias => "self_attn.v_proj.bias",
-                    O => "self_attn.o_proj.weight",
-                    FfnNorm => "post_attention_layernorm.weight",
-                    Gate => "mlp.gate_proj.weight",
-                    Up => "mlp.up_proj.weight",
-                    Down => "mlp.down_proj.weight",
-                };
-                format!("model.layers.{i}.{suffix}")
-            }
-        }
-    }
-}
+use crate::error::{candle_message, LoadError};
 
 /// What to do at load with GGUF block formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum QuantPolicy {
-    /// Serve the blocks exactly as stored: Sonde's CPU kernels multiply Q4_0, Q4_1 and
-    /// Q8_0 by f32 activations, so scores are those of the file's weights.
+    /// Serve the blocks exactly as stored: Sonde's CPU kernels multiply every supported
+    /// block format by f32 activations, so scores are those of the file's weights.
     #[default]
     Keep,
     /// Q4_0/Q4_1/Q5_0/Q5_1 matrices become Q8_0 (for devices whose kernels favour it).
@@ -106,49 +27,76 @@ pub enum QuantPolicy {
     RequantizeQ8_0,
 }
 
-/// An open GGUF file and the tensors read from it so far.
-pub struct GgufSource {
-    path: PathBuf,
-    content: gguf_file::Content,
-    reader: BufReader<File>,
-    policy: QuantPolicy,
-    /// The quantized tensors already read, so tied weights share one copy.
-    loaded: HashMap<String, Arc<QTensor>>,
-    /// Block formats seen, for the `dtype` the shard reports.
-    formats: Vec<String>,
+/// A projection matrix as stored: quantized blocks, or a dense tensor of the file's dtype.
+pub enum Weight {
+    Quantized(QTensor),
+    Dense(Tensor),
 }
 
-pub enum WeightSource {
-    Gguf(Box<GgufSource>),
+enum Kind {
+    Gguf {
+        content: gguf_file::Content,
+        reader: BufReader<File>,
+    },
     Safetensors {
+        /// On the CPU, in the files' dtypes; moved to the device as they are taken.
         tensors: HashMap<String, Tensor>,
-        /// Storage dtype in the files (computation is f32).
+        /// The dtype of the matrices, for `Info`.
         stored: DType,
     },
 }
 
+pub struct WeightSource {
+    file: String,
+    kind: Kind,
+    policy: QuantPolicy,
+    used: HashSet<String>,
+    /// Block formats of the matrices served, in load order, for the `dtype` of `Info`.
+    formats: Vec<String>,
+}
+
 impl WeightSource {
     pub fn open_gguf(path: &Path, policy: QuantPolicy) -> Result<Self, LoadError> {
+        let file = path.display().to_string();
         let io_err = |source| LoadError::Io {
-            path: path.display().to_string(),
+            path: file.clone(),
             source,
         };
-        let mut reader = BufReader::new(File::open(path).map_err(io_err)?);
-        let content = gguf_file::Content::read(&mut reader)?;
-        Ok(WeightSource::Gguf(Box::new(GgufSource {
-            path: path.to_path_buf(),
-            content,
-            reader,
+        let handle = File::open(path).map_err(io_err)?;
+        let len = handle.metadata().map_err(io_err)?.len();
+        let mut reader = BufReader::new(handle);
+        let content = gguf_file::Content::read(&mut reader).map_err(|e| LoadError::Corrupt {
+            file: file.clone(),
+            problem: format!("is not a readable GGUF file ({})", candle_message(&e)),
+        })?;
+        // A file cut short fails here, in a second, not after minutes of loading.
+        for (name, info) in &content.tensor_infos {
+            let bytes = info.shape.elem_count() / info.ggml_dtype.block_size()
+                * info.ggml_dtype.type_size();
+            let end = content.tensor_data_offset + info.offset + bytes as u64;
+            if end > len {
+                return Err(LoadError::Corrupt {
+                    file,
+                    problem: format!(
+                        "tensor {name} ends at byte {end} but the file has {len}: truncated?"
+                    ),
+                });
+            }
+        }
+        Ok(WeightSource {
+            file,
+            kind: Kind::Gguf { content, reader },
             policy,
-            loaded: HashMap::new(),
+            used: HashSet::new(),
             formats: Vec::new(),
-        })))
+        })
     }
 
-    /// Loads every `*.safetensors` of `dir` as f32 on `device`.
-    pub fn open_safetensors(dir: &Path, device: &Device) -> Result<Self, LoadError> {
+    /// Reads every `*.safetensors` of `dir`.
+    pub fn open_safetensors(dir: &Path) -> Result<Self, LoadError> {
+        let file = dir.display().to_string();
         let io_err = |source| LoadError::Io {
-            path: dir.display().to_string(),
+            path: file.clone(),
             source,
         };
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -158,108 +106,208 @@ impl WeightSource {
             .collect();
         files.sort();
         if files.is_empty() {
-            return Err(LoadError::UnknownFormat(dir.display().to_string()));
+            return Err(LoadError::UnknownFormat(file));
         }
         let mut tensors = HashMap::new();
         let mut stored = DType::F32;
-        for file in files {
-            for (name, t) in candle_core::safetensors::load(&file, device)? {
-                stored = t.dtype();
-                tensors.insert(name, t.to_dtype(DType::F32)?);
+        for f in files {
+            let loaded = candle_core::safetensors::load(&f, &Device::Cpu).map_err(|e| {
+                LoadError::Corrupt {
+                    file: f.display().to_string(),
+                    problem: format!(
+                        "is not a readable safetensors file ({})",
+                        candle_message(&e)
+                    ),
+                }
+            })?;
+            for (name, t) in loaded {
+                if t.rank() == 2 {
+                    stored = t.dtype();
+                }
+                tensors.insert(name, t);
             }
         }
-        Ok(WeightSource::Safetensors { tensors, stored })
+        Ok(WeightSource {
+            file,
+            kind: Kind::Safetensors { tensors, stored },
+            policy: QuantPolicy::Keep,
+            used: HashSet::new(),
+            formats: Vec::new(),
+        })
+    }
+
+    pub fn file(&self) -> &str {
+        &self.file
     }
 
     pub fn gguf_content(&self) -> Option<&gguf_file::Content> {
-        match self {
-            WeightSource::Gguf(g) => Some(&g.content),
-            WeightSource::Safetensors { .. } => None,
+        match &self.kind {
+            Kind::Gguf { content, .. } => Some(content),
+            Kind::Safetensors { .. } => None,
         }
     }
 
-    pub fn contains(&self, name: Name) -> bool {
-        match self {
-            WeightSource::Gguf(g) => g.content.tensor_infos.contains_key(&name.gguf()),
-            WeightSource::Safetensors { tensors, .. } => tensors.contains_key(&name.hf()),
+    pub fn contains(&self, key: &str) -> bool {
+        match &self.kind {
+            Kind::Gguf { content, .. } => content.tensor_infos.contains_key(key),
+            Kind::Safetensors { tensors, .. } => tensors.contains_key(key),
         }
     }
 
-    /// A projection matrix, \[out, in\], ready to multiply activations.
-    pub fn matrix(&mut self, name: Name, device: &Device) -> Result<QMatMul, LoadError> {
-        match self {
-            WeightSource::Gguf(g) => Ok(QMatMul::from_arc(g.qtensor(name, device)?)?),
-            WeightSource::Safetensors { tensors, .. } => {
-                let t = tensors
-                    .get(&name.hf())
-                    .ok_or_else(|| LoadError::MissingTensor(name.hf()))?;
-                Ok(QMatMul::Tensor(t.clone()))
+    /// The stored dtype of a safetensors tensor (None for GGUF or a missing key).
+    pub fn dense_dtype(&self, key: &str) -> Option<DType> {
+        match &self.kind {
+            Kind::Safetensors { tensors, .. } => tensors.get(key).map(Tensor::dtype),
+            Kind::Gguf { .. } => None,
+        }
+    }
+
+    fn shape(&self, key: &str) -> Option<Vec<usize>> {
+        match &self.kind {
+            Kind::Gguf { content, .. } => content
+                .tensor_infos
+                .get(key)
+                .map(|t| t.shape.dims().to_vec()),
+            Kind::Safetensors { tensors, .. } => tensors.get(key).map(|t| t.dims().to_vec()),
+        }
+    }
+
+    /// Checks that `key` exists with shape `expected` and records it as used.
+    fn take(&mut self, key: &str, expected: &[usize]) -> Result<(), LoadError> {
+        let found = self.shape(key).ok_or_else(|| LoadError::MissingTensor {
+            file: self.file.clone(),
+            tensor: key.to_string(),
+        })?;
+        if found != expected {
+            return Err(LoadError::TensorShape {
+                file: self.file.clone(),
+                tensor: key.to_string(),
+                expected: expected.to_vec(),
+                found,
+            });
+        }
+        self.used.insert(key.to_string());
+        Ok(())
+    }
+
+    /// A projection matrix `[rows (outputs), cols (inputs)]` as stored: GGUF blocks read
+    /// onto `device`, dense tensors on the CPU (the caller picks the kernel).
+    pub fn matrix(
+        &mut self,
+        key: &str,
+        rows: usize,
+        cols: usize,
+        device: &Device,
+    ) -> Result<Weight, LoadError> {
+        self.take(key, &[rows, cols])?;
+        let weight = match &mut self.kind {
+            Kind::Gguf { content, reader } => {
+                let mut t = read_gguf(&self.file, content, reader, key, device)?;
+                let stored = t.dtype();
+                let requantize = self.policy == QuantPolicy::RequantizeQ8_0
+                    && matches!(
+                        stored,
+                        GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1
+                    );
+                let label = if requantize {
+                    t = QTensor::quantize(&t.dequantize(device)?, GgmlDType::Q8_0)?;
+                    format!("q8_0 (requantized from {stored:?})").to_lowercase()
+                } else {
+                    format!("{stored:?}").to_lowercase()
+                };
+                if !self.formats.contains(&label) {
+                    self.formats.push(label);
+                }
+                Weight::Quantized(t)
             }
+            Kind::Safetensors { tensors, .. } => match tensors.get(key) {
+                Some(t) => Weight::Dense(t.clone()),
+                None => unreachable_missing(&self.file, key)?,
+            },
+        };
+        Ok(weight)
+    }
+
+    /// A norm weight or bias of `len` values, as f32 on `device`.
+    pub fn vector(&mut self, key: &str, len: usize, device: &Device) -> Result<Tensor, LoadError> {
+        self.take(key, &[len])?;
+        let t = match &mut self.kind {
+            Kind::Gguf { content, reader } => {
+                read_gguf(&self.file, content, reader, key, &Device::Cpu)?
+                    .dequantize(&Device::Cpu)?
+            }
+            Kind::Safetensors { tensors, .. } => match tensors.get(key) {
+                Some(t) => t.clone(),
+                None => unreachable_missing(&self.file, key)?,
+            },
+        };
+        Ok(t.to_dtype(DType::F32)?.to_device(device)?)
+    }
+
+    /// Like [`WeightSource::vector`], or `None` when the file has no such tensor.
+    pub fn opt_vector(
+        &mut self,
+        key: &str,
+        len: usize,
+        device: &Device,
+    ) -> Result<Option<Tensor>, LoadError> {
+        if self.contains(key) {
+            self.vector(key, len, device).map(Some)
+        } else {
+            Ok(None)
         }
     }
 
-    /// A norm weight or bias, as f32.
-    pub fn vector(&mut self, name: Name, device: &Device) -> Result<Tensor, LoadError> {
-        match self {
-            WeightSource::Gguf(g) => Ok(g
-                .qtensor(name, device)?
-                .dequantize(device)?
-                .to_dtype(DType::F32)?),
-            WeightSource::Safetensors { tensors, .. } => tensors
-                .get(&name.hf())
-                .cloned()
-                .ok_or_else(|| LoadError::MissingTensor(name.hf())),
-        }
+    /// Records a tensor as applied without reading it (a tied copy checked elsewhere).
+    pub fn mark_used(&mut self, key: &str) {
+        self.used.insert(key.to_string());
     }
 
-    /// How the weights are stored as served, e.g. "q8_0 (requantized from q4_1), q8_0".
+    /// The first tensor of the file (in name order) that nothing took.
+    pub fn first_unused(&self) -> Option<String> {
+        let mut names: Vec<&String> = match &self.kind {
+            Kind::Gguf { content, .. } => content.tensor_infos.keys().collect(),
+            Kind::Safetensors { tensors, .. } => tensors.keys().collect(),
+        };
+        names.sort();
+        names.into_iter().find(|n| !self.used.contains(*n)).cloned()
+    }
+
+    /// How the weights are stored as served, e.g. "q5_0, q8_0, q4k, q6k".
     pub fn dtype_label(&self) -> String {
-        match self {
-            WeightSource::Gguf(g) => g.formats.join(", "),
-            WeightSource::Safetensors { stored, .. } if *stored == DType::F32 => "f32".into(),
-            WeightSource::Safetensors { stored, .. } => {
-                format!("f32 (converted from {stored:?})").to_lowercase()
-            }
+        match &self.kind {
+            Kind::Gguf { .. } => self.formats.join(", "),
+            Kind::Safetensors { stored, .. } => format!("{stored:?}").to_lowercase(),
         }
     }
 
     pub fn format_name(&self) -> &'static str {
-        match self {
-            WeightSource::Gguf(_) => "gguf",
-            WeightSource::Safetensors { .. } => "safetensors",
+        match self.kind {
+            Kind::Gguf { .. } => "gguf",
+            Kind::Safetensors { .. } => "safetensors",
         }
     }
 }
 
-impl GgufSource {
-    fn qtensor(&mut self, name: Name, device: &Device) -> Result<Arc<QTensor>, LoadError> {
-        let key = name.gguf();
-        if let Some(t) = self.loaded.get(&key) {
-            return Ok(t.clone());
-        }
-        if !self.content.tensor_infos.contains_key(&key) {
-            return Err(LoadError::MissingTensor(format!(
-                "{key} in {}",
-                self.path.display()
-            )));
-        }
-        let mut t = self.content.tensor(&mut self.reader, &key, device)?;
-        let stored = t.dtype();
-        let slow = matches!(
-            stored,
-            GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1
-        );
-        let label = if slow && self.policy == QuantPolicy::RequantizeQ8_0 {
-            t = QTensor::quantize(&t.dequantize(device)?, GgmlDType::Q8_0)?;
-            format!("q8_0 (requantized from {stored:?})").to_lowercase()
-        } else {
-            format!("{stored:?}").to_lowercase()
-        };
-        if t.rank() == 2 && !self.formats.contains(&label) {
-            self.formats.push(label);
-        }
-        let t = Arc::new(t);
-        self.loaded.insert(key, t.clone());
-        Ok(t)
-    }
+fn read_gguf(
+    file: &str,
+    content: &gguf_file::Content,
+    reader: &mut BufReader<File>,
+    key: &str,
+    device: &Device,
+) -> Result<QTensor, LoadError> {
+    content
+        .tensor(reader, key, device)
+        .map_err(|e| LoadError::Corrupt {
+            file: file.to_string(),
+            problem: format!("tensor {key} cannot be read ({})", candle_message(&e)),
+        })
+}
+
+/// `take` checked the key; this keeps the lookup total without a panic.
+fn unreachable_missing<T>(file: &str, key: &str) -> Result<T, LoadError> {
+    Err(LoadError::MissingTensor {
+        file: file.to_string(),
+        tensor: key.to_string(),
+    })
 }

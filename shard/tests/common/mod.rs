@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use candle_core::Device;
 use sonde_proto as pb;
 use sonde_shard::engine::{Engine, EngineConfig};
 use sonde_shard::loader::{self, LoadOptions};
@@ -32,14 +31,12 @@ pub fn engine(path: &std::path::Path, budget: usize) -> Engine {
 }
 
 pub fn engine_with(path: &std::path::Path, budget: usize, policy: QuantPolicy) -> Engine {
-    let loaded = loader::load(
-        path,
-        &LoadOptions {
-            device: Device::Cpu,
-            quant_policy: policy,
-        },
-    )
-    .unwrap();
+    engine_opts(path, budget, &LoadOptions::cpu(policy))
+}
+
+pub fn engine_opts(path: &std::path::Path, budget: usize, opts: &LoadOptions) -> Engine {
+    let loaded = loader::load(path, opts)
+        .unwrap_or_else(|e| panic!("{e} (run scripts/fetch-data and scripts/test)"));
     Engine::new(
         loaded,
         EngineConfig {
@@ -132,4 +129,9 @@ pub fn run_one(engine: &mut Engine, req: Req) -> Outcome {
     run_batch(engine, 1_000_000 + id, vec![req])
         .remove(&id)
         .unwrap()
+}
+
+/// Gemma 3 270M Q4_K_M, the second real model (`scripts/fetch-data gemma`).
+pub fn gemma3_path() -> PathBuf {
+    data_dir().join("models/gemma-3-270m-q4_k_m.gguf")
 }

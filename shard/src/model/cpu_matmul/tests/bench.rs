@@ -24,10 +24,19 @@ fn time(min: Duration, mut f: impl FnMut()) -> f64 {
     best
 }
 
-/// `RAYON_NUM_THREADS=T CANDLE_NUM_THREADS=T cargo test -p sonde-shard --release --lib
-/// cpu_matmul::tests::bench -- --ignored --nocapture`, for T = 1 and 2 (candle's pool
-/// reads its thread count once per process). `SONDE_BENCH_FORMATS=q4_k,q6_k` picks
-/// formats. GB/s: the weights' bytes streamed per second (at 1 row, the decode cost).
+/// A random `[n, k]` matrix quantized to `dtype` (no dequantized copy: the output layer
+/// is 167M weights).
+fn quantized(dtype: GgmlDType, n: usize, k: usize) -> QTensor {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let t = Tensor::from_vec(random(&mut rng, n * k), (n, k), &Device::Cpu).unwrap();
+    QTensor::quantize(&t, dtype).unwrap()
+}
+
+/// `RAYON_NUM_THREADS=T cargo test -p sonde-shard --release --lib cpu_matmul::tests::bench
+/// -- --ignored --nocapture`, for T = 1 and 2 (candle's pool reads the same variable, once
+/// per process). `SONDE_BENCH_FORMATS=q4_k,q6_k` picks formats. Gemma 3 270M's shapes:
+/// 640 → 2048 (gate/up), 2048 → 640 (down), and its tied 262144 × 640 Q8_0 output layer
+/// at 1 row. GB/s: the weights' bytes streamed per second (at 1 row, the decode cost).
 #[test]
 #[ignore]
 fn bench() {
@@ -38,34 +47,50 @@ fn bench() {
         isa()
     );
     let wanted = std::env::var("SONDE_BENCH_FORMATS").unwrap_or_default();
-    // Gemma 3 270M's projections: 640 → 2048 (gate/up) and 2048 → 640 (down).
-    let shapes: [(usize, usize); 2] = [(640, 2048), (2048, 640)];
+    let mut cases: Vec<(GgmlDType, usize, usize, &[usize])> = Vec::new();
     for dtype in FORMATS {
         let name = format!("{dtype:?}");
         if !wanted.is_empty() && !wanted.split(',').any(|w| w.eq_ignore_ascii_case(&name)) {
             continue;
         }
-        for (k, n) in shapes {
-            // K-quant rows must be whole super-blocks.
-            let k = k.next_multiple_of(dtype.block_size());
-            let (q, ours, _) = matrix(dtype, n, k, 7);
-            let bytes = q.storage_size_in_bytes() as f64;
-            let qmm = QMatMul::from_qtensor(q).unwrap();
-            for m in [1, 16] {
-                let mut rng = ChaCha8Rng::seed_from_u64(8);
-                let x = Tensor::from_vec(random(&mut rng, m * k), (m, k), &Device::Cpu).unwrap();
-                let flops = 2.0 * (m * n * k) as f64;
-                let t_ours = time(min, || drop(ours.forward(&x).unwrap()));
-                let t_candle = time(min, || drop(qmm.forward(&x).unwrap()));
-                println!(
-                    "BENCH {name:>5} m={m:2} k={k:4} n={n:4}: ours {:6.1} GFLOP/s {:7.1} µs {:5.1} GB/s | candle {:6.1} GFLOP/s {:7.1} µs",
-                    flops / t_ours / 1e9,
-                    t_ours * 1e6,
-                    bytes / t_ours / 1e9,
-                    flops / t_candle / 1e9,
-                    t_candle * 1e6,
-                );
-            }
+        for (k, n) in [(640usize, 2048usize), (2048, 640)] {
+            // K-quant rows must be whole super-blocks: 640 → 768.
+            cases.push((dtype, k.next_multiple_of(dtype.block_size()), n, &[1, 16]));
+        }
+        if dtype == GgmlDType::Q8_0 {
+            cases.push((dtype, 640, 262_144, &[1]));
+        }
+    }
+    // Ours first, then candle's: once candle's barrier pool exists, its workers spin
+    // between jobs and would take a core from rayon's.
+    let mut results = Vec::new();
+    for (dtype, k, n, rows) in cases {
+        let q = quantized(dtype, n, k);
+        let ours = CpuQuantMatrix::from_qtensor(&q).unwrap();
+        let mut timed = Vec::new();
+        for &m in rows {
+            let mut rng = ChaCha8Rng::seed_from_u64(8);
+            let x = Tensor::from_vec(random(&mut rng, m * k), (m, k), &Device::Cpu).unwrap();
+            let t = time(min, || drop(ours.forward(&x).unwrap()));
+            timed.push((m, x, t));
+        }
+        results.push((q, ours.dtype_name(), timed));
+    }
+    for (q, name, timed) in results {
+        let (n, k) = q.shape().dims2().unwrap();
+        let bytes = q.storage_size_in_bytes() as f64;
+        let qmm = QMatMul::from_qtensor(q).unwrap();
+        for (m, x, t_ours) in timed {
+            let t_candle = time(min, || drop(qmm.forward(&x).unwrap()));
+            let flops = 2.0 * (m * n * k) as f64;
+            println!(
+                "BENCH {name:>5} m={m:2} k={k:4} n={n:6}: ours {:6.1} GFLOP/s {:8.1} µs {:5.1} GB/s | candle {:6.1} GFLOP/s {:8.1} µs",
+                flops / t_ours / 1e9,
+                t_ours * 1e6,
+                bytes / t_ours / 1e9,
+                flops / t_candle / 1e9,
+                t_candle * 1e6,
+            );
         }
     }
 }

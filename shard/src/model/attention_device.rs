@@ -1,0 +1,80 @@
+//! Causal attention of a ragged batch as candle ops, for devices other than the CPU
+//! (and, in tests, on the CPU against the host kernel): per sequence, the query heads
+//! sharing a KV head become rows of one matrix product against that sequence's cache,
+//! with an additive mask for causality and the sliding window.
+
+use candle_core::{Result, Tensor};
+
+use super::attention::AttnParams;
+use super::decoder::SeqSpan;
+use super::kv_cache::SeqCache;
+
+/// `q`: `[tokens, heads, d]`, `k`, `v`: `[tokens, kv_heads, d]` (rotary applied) →
+/// `[tokens, heads * d]`; appends the step's keys and values to each cache of `layer`.
+pub fn device_attention(
+    params: AttnParams,
+    spans: &[SeqSpan],
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    caches: &[&mut SeqCache],
+    layer: usize,
+) -> Result<Tensor> {
+    let shape = params.shape;
+    let n_rep = shape.num_heads / shape.num_kv_heads;
+    let mut outs = Vec::with_capacity(spans.len());
+    for (span, cache) in spans.iter().zip(caches.iter()) {
+        let SeqSpan { start, len } = *span;
+        let past = cache.len();
+        // [len, heads, d] → [heads, len, d] → [kv_heads, n_rep * len, d].
+        let q = (q.narrow(0, start, len)?.transpose(0, 1)?.contiguous()?
+            * f64::from(params.scale))?
+        .reshape((shape.num_kv_heads, n_rep * len, shape.head_dim))?;
+        let k_new = k.narrow(0, start, len)?.transpose(0, 1)?.contiguous()?;
+        let v_new = v.narrow(0, start, len)?.transpose(0, 1)?.contiguous()?;
+        let (k_all, v_all) = cache.append_device(layer, &k_new, &v_new)?;
+        let mut scores = q.matmul(&k_all.t()?)?;
+        if let Some(cap) = params.softcap {
+            scores = ((scores / f64::from(cap))?.tanh()? * f64::from(cap))?;
+        }
+        if let Some(mask) = mask(params, n_rep, len, past, q.device())? {
+            scores = scores.broadcast_add(&mask)?;
+        }
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let out = probs
+            .matmul(&v_all)?
+            .reshape((shape.num_heads, len, shape.head_dim))?
+            .transpose(0, 1)?
+            .reshape((len, shape.num_heads * shape.head_dim))?;
+        outs.push(out);
+    }
+    Tensor::cat(&outs, 0)
+}
+
+/// Additive mask `[n_rep * len, past + len]` (rows grouped per KV head: n_rep query heads
+/// × len positions): 0 where query `past + r` sees key `j`, -inf elsewhere. `None` when
+/// every query sees every key.
+fn mask(
+    params: AttnParams,
+    n_rep: usize,
+    len: usize,
+    past: usize,
+    device: &candle_core::Device,
+) -> Result<Option<Tensor>> {
+    let total = past + len;
+    let window_cuts = params.window.is_some_and(|w| total > w);
+    if len <= 1 && !window_cuts {
+        return Ok(None);
+    }
+    let sees = |r: usize, j: usize| {
+        let p = past + r;
+        j <= p && params.window.is_none_or(|w| p - j < w)
+    };
+    let mut mask = Vec::with_capacity(n_rep * len * total);
+    for _ in 0..n_rep {
+        for r in 0..len {
+            mask.extend((0..total).map(|j| if sees(r, j) { 0.0 } else { f32::NEG_INFINITY }));
+        }
+    }
+    Ok(Some(Tensor::from_vec(mask, (n_rep * len, total), device)?))
+}

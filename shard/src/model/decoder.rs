@@ -1,0 +1,257 @@
+//! The decoder: one forward pass for every architecture, over a ragged batch, reading
+//! only the [`ModelSpec`].
+//!
+//! A step's tokens from every sequence are packed into one \[tokens, hidden\] matrix: the
+//! projections and the MLP run on all of them at once, attention runs per sequence
+//! against that sequence's own cache. Nothing a token computes reads another sequence's
+//! rows, so a request's numbers are the same alone or in any batch.
+//!
+//! One layer, as the spec switches it:
+//!
+//! ```text
+//! h = attn_norm(x)
+//! q, k, v = h·Wq, h·Wk, h·Wv  (or one fused h·Wqkv), each + its bias when the file has one
+//! q, k = q_norm(q), k_norm(k)  per head          (qk_norm: Qwen3, Gemma 3)
+//! q, k = rope_l(q), rope_l(k)                    (the layer's rope: base, factors, dims)
+//! a = softmax(cap(q·k * scale) + mask_l) · v     (mask_l: causal, and the layer's window)
+//! x = x + post_attn_norm(a·Wo)                   (post_norms: Gemma)
+//! h = ffn_norm(x)
+//! x = x + post_ffn_norm(down(act(h·Wgate) * h·Wup))
+//! ```
+//!
+//! then `logits = cap(output_norm(x)·Wout)`, with `Wout` the embedding when tied.
+
+use candle_core::{DType, Device, Result, Tensor};
+
+use super::attention::{host_attention, AttnParams, StepQkv};
+use super::attention_device::device_attention;
+use super::kv_cache::{KvLayout, SeqCache};
+use super::layers::{gated, Embedding, Linear, RmsNorm};
+use super::rope::{Rope, RopeTables};
+use super::spec::{Activation, ModelSpec};
+
+/// One sequence's slice of a packed step.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqSpan {
+    /// First row of the sequence in the packed tokens.
+    pub start: usize,
+    /// Rows of this step (the whole prompt on prefill, 1 on decode).
+    pub len: usize,
+}
+
+/// The packed input of one forward step.
+pub struct StepInput<'a> {
+    pub tokens: &'a [u32],
+    pub spans: &'a [SeqSpan],
+}
+
+/// Which attention kernel runs, chosen once at load with the cache layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// The CPU kernel over host memory (`attention.rs`).
+    Host,
+    /// candle ops with a mask (`attention_device.rs`): GPUs.
+    Candle,
+}
+
+pub(super) enum Qkv {
+    Separate {
+        q: Linear,
+        k: Linear,
+        v: Linear,
+    },
+    /// Rows \[q | k | v\].
+    Fused(Linear),
+}
+
+pub(super) enum GateUp {
+    Separate {
+        gate: Linear,
+        up: Linear,
+    },
+    /// Rows \[gate | up\].
+    Fused(Linear),
+}
+
+pub(super) struct Layer {
+    pub attn_norm: RmsNorm,
+    pub qkv: Qkv,
+    pub q_norm: Option<RmsNorm>,
+    pub k_norm: Option<RmsNorm>,
+    pub o: Linear,
+    pub post_attn_norm: Option<RmsNorm>,
+    pub ffn_norm: RmsNorm,
+    pub gate_up: GateUp,
+    pub down: Linear,
+    pub post_ffn_norm: Option<RmsNorm>,
+    pub attn: AttnParams,
+    /// Index into `Model::ropes`.
+    pub rope: usize,
+}
+
+pub struct Model {
+    pub(super) spec: ModelSpec,
+    pub(super) embedding: Embedding,
+    pub(super) layers: Vec<Layer>,
+    pub(super) norm: RmsNorm,
+    pub(super) lm_head: Linear,
+    pub(super) ropes: Vec<Rope>,
+    pub(super) attention: AttentionKernel,
+    pub(super) device: Device,
+}
+
+impl Model {
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// A cache for one sequence of up to `capacity` tokens, laid out for this model's
+    /// attention kernel.
+    pub fn new_cache(&self, capacity: usize) -> Result<SeqCache> {
+        let layout = match self.attention {
+            AttentionKernel::Host => KvLayout::Host,
+            AttentionKernel::Candle => KvLayout::Device(self.device.clone()),
+        };
+        SeqCache::new(&self.spec, capacity, &layout)
+    }
+
+    /// Runs one step and returns the final-normed hidden states \[tokens, hidden\].
+    /// `caches[i]` belongs to `input.spans[i]` and receives that span's keys and values.
+    pub fn forward(&self, input: &StepInput, caches: &mut [&mut SeqCache]) -> Result<Tensor> {
+        if caches.len() != input.spans.len() {
+            candle_core::bail!(
+                "{} caches for {} sequences",
+                caches.len(),
+                input.spans.len()
+            );
+        }
+        // One check for the whole step, so no layer writes past a reservation.
+        for (span, cache) in input.spans.iter().zip(caches.iter()) {
+            if cache.len() + span.len > cache.capacity() {
+                candle_core::bail!(
+                    "KV cache overflow: {} tokens for a reservation of {}",
+                    cache.len() + span.len,
+                    cache.capacity()
+                );
+            }
+        }
+        let positions: Vec<usize> = input
+            .spans
+            .iter()
+            .zip(caches.iter())
+            .flat_map(|(span, cache)| cache.len()..cache.len() + span.len)
+            .collect();
+        if positions.len() != input.tokens.len() {
+            candle_core::bail!(
+                "{} tokens for spans of {} positions",
+                input.tokens.len(),
+                positions.len()
+            );
+        }
+        let tables = self
+            .ropes
+            .iter()
+            .map(|r| r.tables(&positions, &self.device))
+            .collect::<Result<Vec<_>>>()?;
+
+        let mut xs = self.embedding.forward(input.tokens, &self.device)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = layer.attn_norm.forward(&xs)?;
+            let a = self.attend(i, layer, &h, &tables[layer.rope], input.spans, caches)?;
+            let a = apply_norm(layer.post_attn_norm.as_ref(), a)?;
+            xs = (xs + a)?;
+            let h = layer.ffn_norm.forward(&xs)?;
+            let m = mlp(layer, self.spec.activation, &h)?;
+            xs = (&xs + apply_norm(layer.post_ffn_norm.as_ref(), m)?)?;
+        }
+        for (span, cache) in input.spans.iter().zip(caches.iter_mut()) {
+            cache.advance(span.len);
+        }
+        self.norm.forward(&xs)
+    }
+
+    /// Output logits for rows of final hidden states: \[rows, hidden\] → \[rows, vocab\].
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        let logits = self.lm_head.forward(hidden)?.to_dtype(DType::F32)?;
+        match self.spec.final_softcap {
+            Some(cap) => (logits / cap)?.tanh()? * cap,
+            None => Ok(logits),
+        }
+    }
+
+    /// The attention sublayer of layer `i`: projections, q/k norms, rope, attention, o.
+    fn attend(
+        &self,
+        i: usize,
+        layer: &Layer,
+        h: &Tensor,
+        tables: &RopeTables,
+        spans: &[SeqSpan],
+        caches: &mut [&mut SeqCache],
+    ) -> Result<Tensor> {
+        let n = h.dim(0)?;
+        let shape = layer.attn.shape;
+        let (q, k, v) = match &layer.qkv {
+            Qkv::Separate { q, k, v } => (q.forward(h)?, k.forward(h)?, v.forward(h)?),
+            Qkv::Fused(qkv) => {
+                let y = qkv.forward(h)?;
+                let (qw, kw) = (self.spec.q_width(), self.spec.kv_width());
+                (
+                    y.narrow(1, 0, qw)?.contiguous()?,
+                    y.narrow(1, qw, kw)?.contiguous()?,
+                    y.narrow(1, qw + kw, kw)?.contiguous()?,
+                )
+            }
+        };
+        let q = q.reshape((n, shape.num_heads, shape.head_dim))?;
+        let k = k.reshape((n, shape.num_kv_heads, shape.head_dim))?;
+        let v = v.reshape((n, shape.num_kv_heads, shape.head_dim))?;
+        let q = apply_norm(layer.q_norm.as_ref(), q)?;
+        let k = apply_norm(layer.k_norm.as_ref(), k)?;
+        let rope = &self.ropes[layer.rope];
+        let q = rope.apply(&q, tables)?;
+        let k = rope.apply(&k, tables)?;
+        let out = match self.attention {
+            AttentionKernel::Host => {
+                let host = |t: &Tensor| t.flatten_all()?.to_vec1::<f32>();
+                let (q, k, v) = (host(&q)?, host(&k)?, host(&v)?);
+                let qkv = StepQkv {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                };
+                let out = host_attention(layer.attn, spans, &qkv, caches, i)?;
+                Tensor::from_vec(out, (n, shape.num_heads * shape.head_dim), &self.device)?
+            }
+            AttentionKernel::Candle => device_attention(layer.attn, spans, &q, &k, &v, caches, i)?,
+        };
+        layer.o.forward(&out)
+    }
+}
+
+fn apply_norm(norm: Option<&RmsNorm>, xs: Tensor) -> Result<Tensor> {
+    match norm {
+        Some(n) => n.forward(&xs),
+        None => Ok(xs),
+    }
+}
+
+fn mlp(layer: &Layer, activation: Activation, h: &Tensor) -> Result<Tensor> {
+    let hidden = match &layer.gate_up {
+        GateUp::Separate { gate, up } => gated(activation, &gate.forward(h)?, &up.forward(h)?)?,
+        GateUp::Fused(gate_up) => {
+            let y = gate_up.forward(h)?;
+            let n = y.dim(1)? / 2;
+            gated(
+                activation,
+                &y.narrow(1, 0, n)?.contiguous()?,
+                &y.narrow(1, n, n)?.contiguous()?,
+            )?
+        }
+    };
+    layer.down.forward(&hidden)
+}
