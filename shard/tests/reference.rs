@@ -369,6 +369,51 @@ fn gemma3_f32_safetensors_matches_float64_reference() {
     );
 }
 
+/// Prompt logprobs of every reference prompt, position by position (None at 0).
+fn prompt_logprobs(path: &Path, r: &Reference) -> Vec<Vec<Option<f32>>> {
+    let mut engine = engine(path, 4096);
+    r.prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let req = Req::new(i as u64, &p.ids, 1)
+                .ignore_eos()
+                .scores(|s| s.prefill_logprobs = true);
+            let out = run_one(&mut engine, req);
+            out.prefill.iter().map(|t| t.logprob).collect()
+        })
+        .collect()
+}
+
+/// The GGUF and its HF folder side by side: the same greedy tokens, prompt logprobs within
+/// 1e-4 (both are f32 passes over the same values, in different kernels and layouts).
+#[test]
+fn gemma3_gguf_and_safetensors_paths_agree() {
+    let r = reference_at(&data_dir().join("reference/gemma3/forward.json"));
+    let hf = data_dir().join("models/gemma3-hf-f32");
+    let mut deltas = Deltas::default();
+    for (q, f) in prompt_logprobs(&gemma3_path(), &r)
+        .iter()
+        .zip(&prompt_logprobs(&hf, &r))
+    {
+        assert_eq!(q.len(), f.len());
+        for (a, b) in q.iter().zip(f).skip(1) {
+            deltas.add(a.unwrap() as f64, b.unwrap() as f64);
+        }
+    }
+    eprintln!(
+        "Gemma 3 GGUF vs f32 safetensors over {} positions: max |Δ| {:.2e} mean {:.2e}",
+        deltas.n,
+        deltas.max,
+        deltas.mean()
+    );
+    assert!(deltas.max <= 1e-4, "max |Δ| {}", deltas.max);
+    let (q, f) = (greedy_runs(&gemma3_path(), &r), greedy_runs(&hf, &r));
+    for i in 0..r.prompts.len() as u64 {
+        assert_eq!(q[&i].ids(), f[&i].ids(), "prompt {i}");
+    }
+}
+
 fn test_model(name: &str) -> (PathBuf, PathBuf) {
     (
         data_dir().join(format!("models/test/{name}.gguf")),
