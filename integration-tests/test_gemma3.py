@@ -55,6 +55,8 @@ def test_info_names_the_model(gemma):
     info = ok_json(requests.get(gemma.url + "/info", timeout=30))
     assert info["model_id"] == str(GEMMA), info
     assert info["architecture"] == "gemma3", info
+    # Every block format of the file, spelled as GGUF spells it.
+    assert set(info["model_dtype"].split(", ")) == {"q8_0", "q5_0", "q4_k", "q6_k"}, info
 
 
 def test_tokenize_matches_llama_cpp_on_hard_strings(gemma):

@@ -175,7 +175,7 @@ fn a_block_format_without_an_exact_kernel_is_refused() {
     let err = load_err(&path);
     assert!(
         matches!(&err, LoadError::UnsupportedFormat { tensor, format, .. }
-            if tensor == "blk.0.ffn_down.weight" && format == "q3k"),
+            if tensor == "blk.0.ffn_down.weight" && format == "q3_k"),
         "{err}"
     );
 }

@@ -14,7 +14,7 @@ use super::layers::{Embedding, Kernel, Linear, RmsNorm};
 use super::names::{LayerTensor as L, Naming, Part, TensorName};
 use super::rope::Rope;
 use super::spec::{FreqFactors, MlpLayout, ModelSpec, QkvLayout};
-use super::weights::{Weight, WeightSource};
+use super::weights::{ggml_type_name, Weight, WeightSource};
 use crate::error::LoadError;
 
 /// How the model is put on its device.
@@ -156,10 +156,7 @@ impl Loader<'_> {
             }));
         }
         let (matrix, format) = match &weight {
-            Weight::Quantized(q) => (
-                CpuQuantMatrix::from_qtensor(q),
-                format!("{:?}", q.dtype()).to_lowercase(),
-            ),
+            Weight::Quantized(q) => (CpuQuantMatrix::from_qtensor(q), ggml_type_name(q.dtype())),
             Weight::Dense(t) => (
                 CpuQuantMatrix::from_dense(t),
                 format!("{:?}", t.dtype()).to_lowercase(),

@@ -211,9 +211,9 @@ impl WeightSource {
                     );
                 let label = if requantize {
                     t = QTensor::quantize(&t.dequantize(device)?, GgmlDType::Q8_0)?;
-                    format!("q8_0 (requantized from {stored:?})").to_lowercase()
+                    format!("q8_0 (requantized from {})", ggml_type_name(stored))
                 } else {
-                    format!("{stored:?}").to_lowercase()
+                    ggml_type_name(stored)
                 };
                 if !self.formats.contains(&label) {
                     self.formats.push(label);
@@ -286,6 +286,16 @@ impl WeightSource {
             Kind::Gguf { .. } => "gguf",
             Kind::Safetensors { .. } => "safetensors",
         }
+    }
+}
+
+/// A GGUF block format as llama.cpp and the GGUF spec spell it (`q4_k`, not candle's
+/// `Q4K`), for `/info` and load errors.
+pub fn ggml_type_name(dtype: GgmlDType) -> String {
+    let name = format!("{dtype:?}").to_lowercase();
+    match name.strip_suffix('k') {
+        Some(stem) if stem.starts_with('q') => format!("{stem}_k"),
+        _ => name,
     }
 }
 
