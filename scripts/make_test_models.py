@@ -32,6 +32,9 @@ copied unchanged. The output is deterministic: the same bytes on every run.
   gemma3-swa.gguf    Gemma 3 270M with `gemma3.attention.sliding_window` 32 (instead of 512, so
                      that short prompts cross it) and `gemma3.rope.scaling.type = linear`, factor
                      4 (applied by llama.cpp on the global layers 5, 11, 17 only).
+  gemma2.gguf        Gemma 3 270M as arch gemma2: q/k norms dropped (Q/K rows rescaled by what the
+                     norm made of them on average, re-quantized to Q8_0), rope base 10,000 on every
+                     layer, window 32 on the even layers, attention / final softcaps 50 / 30.
 
 Bad files, which a loader must refuse by name (llama.cpp's behaviour in brackets):
   bad-extra-tensor.gguf   SmolLM2 + `blk.0.attn_sinks.weight` F32 [9] [refused: wrong number of
@@ -55,13 +58,14 @@ import tempfile
 import numpy as np
 import gguf
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.environ.get("SONDE_DATA_DIR", os.path.join(ROOT, "data"))
 SMOLLM2 = os.path.join(DATA, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 GEMMA3 = os.path.join(DATA, "models", "gemma-3-270m-q4_k_m.gguf")
 F32 = GGMLQuantizationType.F32
+Q8_0 = GGMLQuantizationType.Q8_0
 
 
 class Model:
@@ -304,6 +308,36 @@ def gemma3_swa(src):
     return m
 
 
+def gemma2(src):
+    """Gemma 3 270M as arch gemma2: its q/k norms dropped (Gemma 2 has none; Q and K rescaled
+    to make up for them, see below), one rope base
+    (10,000, Gemma 3's local one), a 32-token window on the even layers, and Gemma 2's
+    attention and final logit softcaps (50, 30) written out."""
+    m = Model(src)
+    head_dim = m.get("gemma3.attention.key_length")
+    for i in range(m.get("gemma3.block_count")):
+        p = f"blk.{i}."
+        norm = m.weights(p + "attn_norm.weight")
+        for part in ("q", "k"):
+            # Without its q/k norms the model's scores grow into the thousands and its
+            # attention picks keys by differences below f32 rounding. So each Q/K row is
+            # scaled by what its norm would have made of it on average (the norm weight over
+            # the row's expected RMS) and stored as Q8_0: a working model again.
+            w = m.weights(p + f"attn_{part}.weight")
+            qk_norm = m.weights(p + f"attn_{part}_norm.weight")
+            scale = np.tile(qk_norm, w.shape[0] // head_dim) / expected_rms(w, norm)
+            rows = quantize((w * scale[:, None]).astype(np.float32), Q8_0)
+            m.tensors[p + f"attn_{part}.weight"] = (rows, Q8_0)
+            del m.tensors[p + f"attn_{part}_norm.weight"]
+    m.relabel("gemma2")
+    m.set("gemma2.rope.freq_base", 10000.0, GGUFValueType.FLOAT32)
+    m.set("gemma2.attention.sliding_window", 32, GGUFValueType.UINT32)
+    m.set("gemma2.attn_logit_softcapping", 50.0, GGUFValueType.FLOAT32)
+    m.set("gemma2.final_logit_softcapping", 30.0, GGUFValueType.FLOAT32)
+    named(m, "Gemma 3 270M as Gemma 2 (no q/k norms, window 32, softcaps 50 / 30)")
+    return m
+
+
 def bad_extra_tensor(src):
     m = Model(src)
     n_head, _ = heads_of(m)
@@ -347,6 +381,7 @@ BUILDERS = {
     "qwen2": ("smollm2", qwen2),
     "phi3": ("smollm2", phi3),
     "gemma3-swa": ("gemma3", gemma3_swa),
+    "gemma2": ("gemma3", gemma2),
     "bad-extra-tensor": ("smollm2", bad_extra_tensor),
     "bad-rope-yarn": ("smollm2", bad_rope_yarn),
     "bad-truncated": ("smollm2", None),

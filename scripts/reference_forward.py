@@ -96,7 +96,7 @@ SELF_CHECK_PROMPT = 3
 SELF_CHECK_TOLERANCE = 1e-9
 LOGIT_CHUNK_ELEMENTS = 1 << 24  # positions x vocabulary per chunk of the output layer (128 MiB)
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 # `{arch}.*` keys the reference implements (or that do not change the maths); any other key of
 # the architecture is refused by name.
 COMMON_KEYS = {
@@ -108,6 +108,7 @@ COMMON_KEYS = {
 }
 ARCH_KEYS = {
     "llama": set(), "qwen2": set(), "qwen3": set(),
+    "gemma2": {"attention.sliding_window", "attn_logit_softcapping", "final_logit_softcapping"},
     "gemma3": {"attention.sliding_window", "attention.sliding_window_pattern",
                "rope.freq_base_swa", "final_logit_softcapping"},
     # llama.cpp reads phi3's sliding window and disables it (src/models/phi3.cpp), as here.
@@ -174,7 +175,20 @@ def gguf_hparams(reader):
     windows = [None] * n_layer
     rope = [[base, scale]] * n_layer
     attn_scale = 1.0 / math.sqrt(head_dim)
-    embed_scale, softcap = 1.0, None
+    embed_scale, softcap, attn_softcap = 1.0, None, None
+    if arch == "gemma2":
+        # llama.cpp (src/llama-model.cpp, LLM_ARCH_GEMMA2; src/models/gemma2.cpp): window 4096
+        # unless the file says, on the even layers (swa pattern 2); one rope base; scores
+        # capped at 50 and logits at 30 unless the file says; 27B (46 layers) scales queries by
+        # n_embd / n_head. HF's Gemma2: the same (is_sliding = not layer_idx % 2).
+        window = int(get("attention.sliding_window", 4096))
+        for l in range(0, n_layer, 2):
+            windows[l] = window
+        if n_layer == 46:
+            attn_scale = 1.0 / math.sqrt(n_embd // n_head)
+        embed_scale = float(np.float32(math.sqrt(n_embd)))
+        attn_softcap = f32_decimal(get("attn_logit_softcapping", 50.0))
+        softcap = f32_decimal(get("final_logit_softcapping", 30.0))
     if arch == "gemma3":
         window = get("attention.sliding_window", 0)
         if window:
@@ -213,9 +227,10 @@ def gguf_hparams(reader):
         "attn_scale": attn_scale,
         "embed_scale": embed_scale,
         "qk_norm": arch in ("qwen3", "gemma3"),
-        "post_norms": arch == "gemma3",
-        "act": "gelu_tanh" if arch == "gemma3" else "silu",
+        "post_norms": arch in ("gemma2", "gemma3"),
+        "act": "gelu_tanh" if arch in ("gemma2", "gemma3") else "silu",
         "final_logit_softcapping": softcap,
+        "attn_logit_softcapping": attn_softcap,
     }
 
 
@@ -420,6 +435,9 @@ class Model:
                 keys = np.repeat(cache[i][0], group, axis=0)
                 values = np.repeat(cache[i][1], group, axis=0)
                 scores = (q * self.hp["attn_scale"]) @ keys.transpose(0, 2, 1)
+                cap = self.hp.get("attn_logit_softcapping")
+                if cap:
+                    scores = cap * np.tanh(scores / cap)
                 scores = np.where(masked, -np.inf, scores)
                 scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
                 attn = (scores / scores.sum(axis=-1, keepdims=True)) @ values
