@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Independent float64 reference forward pass of a GGUF decoder (llama, mistral, qwen2, qwen3,
-gemma3, phi3).
+gemma2, gemma3, phi3).
 
 Written from each architecture's definition (llama.cpp's src/models/*.cpp, HF transformers'
 modeling files) in numpy, sharing no code with Sonde: weights come from the `gguf` package
@@ -12,9 +12,9 @@ exits naming it.
 The math, for token ids t_0..t_{n-1} (hyperparameters from the GGUF metadata `{arch}.*`):
 
   x_p       = E[t_p] * embed_scale                   E = token_embd [n_vocab, n_embd];
-                                                     embed_scale = f32(sqrt(n_embd)) for gemma3
+                                                     embed_scale = f32(sqrt(n_embd)) for gemma2/3
   rms(x, w) = x / sqrt(mean(x^2) + eps) * w          eps = attention.layer_norm_rms_epsilon
-                                                     (gemma3 files store HF's 1 + w: applied as x*w)
+                                                     (gemma2/3 files store HF's 1 + w: applied as x*w)
   per layer l:
     h       = rms(x, attn_norm)
     q, k, v = h Wq^T + bq, h Wk^T + bk, h Wv^T + bv  biases when the file has them; phi3 (any
@@ -33,16 +33,18 @@ The math, for token ids t_0..t_{n-1} (hyperparameters from the GGUF metadata `{a
               gemma3's sliding layers (l % pattern < pattern - 1, pattern 6) key j is seen from
               query p only when p - window < j <= p (window = attention.sliding_window)
     o       = concat(a_0..a_{n_head-1}) Wo^T + bo
-    gemma3: o = rms(o, post_attention_norm)
+    gemma2: scores capped as c * tanh(scores / c) before the mask, c = attn_logit_softcapping
+            (default 50); windows (default 4096) on the even layers; one rope base
+    gemma2, gemma3: o = rms(o, post_attention_norm)
     x       = x + o
     h       = rms(x, ffn_norm)
     f       = (act(h Wgate^T + bg) * (h Wup^T + bu)) Wdown^T + bd     phi3: ffn_up rows [gate|up]
-              act = silu(z) = z / (1 + exp(-z)); gemma3: gelu_tanh(z) =
+              act = silu(z) = z / (1 + exp(-z)); gemma2/3: gelu_tanh(z) =
               z/2 (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))
-    gemma3: f = rms(f, post_ffw_norm)
+    gemma2, gemma3: f = rms(f, post_ffw_norm)
     x       = x + f
   logits_p  = rms(x_p, output_norm) Wout^T (+ output.bias)   Wout = output.weight, or E when tied
-              gemma3 with final_logit_softcapping c: c * tanh(logits / c)
+              with final_logit_softcapping c (gemma2: default 30): c * tanh(logits / c)
   logprobs  = log_softmax(logits) over the full vocabulary (computed in chunks of positions)
 
 Usage:
