@@ -53,10 +53,8 @@ import argparse
 import math
 import os
 import sys
-import tempfile
 
 import numpy as np
-import gguf
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize, quantize
 

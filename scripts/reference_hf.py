@@ -78,6 +78,7 @@ def hf_hparams(config):
         "post_norms": arch == "gemma3",
         "act": "gelu_tanh" if arch == "gemma3" else "silu",
         "final_logit_softcapping": softcap,
+        "attn_logit_softcapping": None,  # refused above when set
     }
 
 
