@@ -144,6 +144,19 @@ def rope_scale(get, arch):
     return 1.0 if factor == 0.0 else f32_decimal(factor)
 
 
+def arch_switches(arch):
+    """The switches that follow from the architecture alone, the same for a GGUF and an HF
+    folder: rope pairs (llama's GGUF rows are permuted for interleaved pairs), q/k norms,
+    post-norms, activation."""
+    gemma = arch in ("gemma2", "gemma3")
+    return {
+        "rope_style": "interleaved" if arch == "llama" else "neox",
+        "qk_norm": arch in ("qwen3", "gemma3"),
+        "post_norms": gemma,
+        "act": "gelu_tanh" if gemma else "silu",
+    }
+
+
 def gguf_hparams(reader):
     """The spec of the model: every switch the forward pass reads, from the GGUF metadata."""
     arch = metadata(reader, "general.architecture")
@@ -223,16 +236,13 @@ def gguf_hparams(reader):
         "eps": f32_decimal(get("attention.layer_norm_rms_epsilon")),
         "rope_theta": base,
         "rope_linear_factor": rope_scaling,
-        "rope_style": "interleaved" if arch == "llama" else "neox",
         "rope": rope,
         "sliding_window": windows,
         "attn_scale": attn_scale,
         "embed_scale": embed_scale,
-        "qk_norm": arch in ("qwen3", "gemma3"),
-        "post_norms": arch in ("gemma2", "gemma3"),
-        "act": "gelu_tanh" if arch in ("gemma2", "gemma3") else "silu",
         "final_logit_softcapping": softcap,
         "attn_logit_softcapping": attn_softcap,
+        **arch_switches(arch),
     }
 
 

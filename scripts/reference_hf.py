@@ -13,7 +13,8 @@ import time
 import numpy as np
 
 from reference_forward import (
-    SELF_CHECK_PROMPT, SELF_CHECK_TOLERANCE, Model, Tensors, load_gguf, load_prompts,
+    SELF_CHECK_PROMPT, SELF_CHECK_TOLERANCE, Model, Tensors, arch_switches, load_gguf,
+    load_prompts,
 )
 
 HF_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
@@ -69,16 +70,13 @@ def hf_hparams(config):
         "eps": config["rms_norm_eps"],
         "rope_theta": base,
         "rope_linear_factor": factor,
-        "rope_style": "interleaved" if arch == "llama" else "neox",
         "rope": rope,
         "sliding_window": windows,
         "attn_scale": attn_scale,
         "embed_scale": embed_scale,
-        "qk_norm": arch in ("qwen3", "gemma3"),
-        "post_norms": arch == "gemma3",
-        "act": "gelu_tanh" if arch == "gemma3" else "silu",
         "final_logit_softcapping": softcap,
         "attn_logit_softcapping": None,  # refused above when set
+        **arch_switches(arch),
     }
 
 
