@@ -17,6 +17,9 @@ pub struct LauncherArgs {
     /// The model: a local `.gguf` file or Hugging Face folder, `gs://bucket/prefix`
     /// (downloaded), or a Hugging Face Hub id (downloaded). Default: `AIP_STORAGE_URI` when
     /// Vertex AI sets it, else the default model that `scripts/fetch-data` put in place.
+    /// Architectures: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3; GGUF blocks Q4_0,
+    /// Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32, all served exactly. Anything
+    /// else (other blocks, unused tensors, unimplemented rope scaling) is refused at start-up.
     #[arg(long, env = "MODEL_ID")]
     pub model_id: Option<String>,
     /// Hub revision (branch, tag or commit) of a Hub model.
