@@ -35,7 +35,7 @@ pub struct LauncherArgs {
     #[arg(long, default_value = "0.0.0.0")]
     pub hostname: String,
     /// Shard `r` listens on the Unix socket `<path>-<r>`.
-    #[arg(long, env = "SHARD_UDS_PATH", default_value = "/tmp/sonde-server")]
+    #[arg(long, env = "SHARD_UDS_PATH", default_value = sonde_proto::DEFAULT_SHARD_UDS_PREFIX)]
     pub shard_uds_path: PathBuf,
     /// Where downloaded models are kept (gs:// and Hub).
     #[arg(long, env = "SONDE_CACHE_DIR")]
@@ -81,6 +81,9 @@ pub struct LimitArgs {
     /// Most prompt + generated tokens (default: the model's context, at most 4096).
     #[arg(long, env = "MAX_TOTAL_TOKENS")]
     pub max_total_tokens: Option<u32>,
+    /// `max_new_tokens` of a request that sets none (capped by what the context leaves).
+    #[arg(long, env = "DEFAULT_MAX_NEW_TOKENS", default_value_t = 256)]
+    pub default_max_new_tokens: u32,
     /// Allow prompt logprobs (`decoder_input_details`, OpenAI `echo` with `logprobs`).
     #[arg(long, env = "ENABLE_PREFILL_LOGPROBS")]
     pub enable_prefill_logprobs: bool,

@@ -127,12 +127,7 @@ impl Binaries {
     }
 }
 
-/// Unix socket of shard `rank`.
-pub fn shard_socket(prefix: &Path, rank: usize) -> PathBuf {
-    let mut path = prefix.as_os_str().to_os_string();
-    path.push(format!("-{rank}"));
-    PathBuf::from(path)
-}
+pub use sonde_proto::shard_socket;
 
 pub fn shard_spec(args: &LauncherArgs, bins: &Binaries, model: &Path, rank: usize) -> ChildSpec {
     let mut a = vec![
@@ -205,6 +200,10 @@ pub fn router_spec(
     if let Some(v) = b.max_batch_prefill_tokens {
         flag("max-batch-prefill-tokens", v.to_string());
     }
+    flag(
+        "default-max-new-tokens",
+        l.default_max_new_tokens.to_string(),
+    );
     flag("waiting-served-ratio", b.waiting_served_ratio.to_string());
     flag("max-waiting-tokens", b.max_waiting_tokens.to_string());
     flag(

@@ -14,6 +14,20 @@ use std::path::{Path, PathBuf};
 
 use tonic::transport::{Channel, Endpoint};
 
+/// Where shards listen unless told otherwise: shard `r` on `<prefix>-<r>` (TGI's naming).
+/// The launcher's, router's, shard's and bench's defaults all come from here.
+pub const DEFAULT_SHARD_UDS_PREFIX: &str = "/tmp/sonde-shard";
+
+/// The shard's own default socket: rank 0 under [`DEFAULT_SHARD_UDS_PREFIX`].
+pub const DEFAULT_SHARD_UDS_PATH: &str = "/tmp/sonde-shard-0";
+
+/// Unix socket of shard `rank`: `<prefix>-<rank>`.
+pub fn shard_socket(prefix: &Path, rank: usize) -> PathBuf {
+    let mut path = prefix.as_os_str().to_os_string();
+    path.push(format!("-{rank}"));
+    PathBuf::from(path)
+}
+
 /// A client of the shard listening on the Unix socket `path`.
 pub async fn connect_uds(
     path: &Path,

@@ -53,12 +53,7 @@ impl ClientError {
     }
 }
 
-/// Unix socket of shard `rank`: `<prefix>-<rank>` (TGI's naming).
-pub fn shard_socket(prefix: &Path, rank: usize) -> PathBuf {
-    let mut path = prefix.as_os_str().to_os_string();
-    path.push(format!("-{rank}"));
-    PathBuf::from(path)
-}
+pub use sonde_proto::shard_socket;
 
 #[derive(Clone)]
 pub struct ShardClients {

@@ -25,7 +25,7 @@ pub struct RouterArgs {
     #[arg(long)]
     pub model_id: Option<String>,
     /// Shard `r` listens on `<prefix>-<r>`.
-    #[arg(long, default_value = "/tmp/sonde-shard")]
+    #[arg(long, default_value = sonde_proto::DEFAULT_SHARD_UDS_PREFIX)]
     pub shard_uds_path: PathBuf,
     #[arg(long, default_value_t = 1)]
     pub num_shard: usize,
