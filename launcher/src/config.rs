@@ -127,14 +127,12 @@ impl Binaries {
     }
 }
 
-pub use sonde_proto::shard_socket;
-
 pub fn shard_spec(args: &LauncherArgs, bins: &Binaries, model: &Path, rank: usize) -> ChildSpec {
     let mut a = vec![
         "--model".to_string(),
         model.display().to_string(),
         "--uds-path".to_string(),
-        shard_socket(&args.shard_uds_path, rank)
+        sonde_proto::shard_socket(&args.shard_uds_path, rank)
             .display()
             .to_string(),
         "--max-batch-total-tokens".to_string(),

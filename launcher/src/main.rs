@@ -65,7 +65,7 @@ async fn launch(args: LauncherArgs) -> anyhow::Result<()> {
     let shards = (0..args.num_shard)
         .map(|rank| ShardPlan {
             spec: config::shard_spec(&args, &bins, &resolved.path, rank),
-            socket: config::shard_socket(&args.shard_uds_path, rank),
+            socket: sonde_proto::shard_socket(&args.shard_uds_path, rank),
         })
         .collect();
     let plan = Plan {

@@ -19,7 +19,9 @@ use tonic::transport::{Channel, Endpoint};
 pub const DEFAULT_SHARD_UDS_PREFIX: &str = "/tmp/sonde-shard";
 
 /// The shard's own default socket: rank 0 under [`DEFAULT_SHARD_UDS_PREFIX`].
-pub const DEFAULT_SHARD_UDS_PATH: &str = "/tmp/sonde-shard-0";
+pub fn default_shard_socket() -> PathBuf {
+    shard_socket(Path::new(DEFAULT_SHARD_UDS_PREFIX), 0)
+}
 
 /// Unix socket of shard `rank`: `<prefix>-<rank>`.
 pub fn shard_socket(prefix: &Path, rank: usize) -> PathBuf {

@@ -53,8 +53,6 @@ impl ClientError {
     }
 }
 
-pub use sonde_proto::shard_socket;
-
 #[derive(Clone)]
 pub struct ShardClients {
     clients: Vec<Client>,
@@ -64,7 +62,7 @@ impl ShardClients {
     pub async fn connect(prefix: &Path, num_shard: usize) -> Result<Self, ClientError> {
         let mut clients = Vec::with_capacity(num_shard);
         for rank in 0..num_shard {
-            let path = shard_socket(prefix, rank);
+            let path = pb::shard_socket(prefix, rank);
             let client = sonde_proto::connect_uds(&path)
                 .await
                 .map_err(|source| ClientError::Connect { path, source })?;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context};
 use sonde_tokenizer::ModelTokenizer;
 
-use crate::client::{shard_socket, ShardClients};
+use crate::client::ShardClients;
 use crate::config::{batching_config, resolve_limits, RouterArgs, ShardFacts};
 use crate::scheduler::Scheduler;
 use crate::state::{AppState, Info, Ready};
@@ -114,7 +114,7 @@ async fn connect(args: &RouterArgs, deadline: Instant) -> anyhow::Result<ShardCl
     }
     Err(anyhow!(
         "no shard answered at {} within --shard-startup-timeout ({} s): {}",
-        shard_socket(&args.shard_uds_path, 0).display(),
+        sonde_proto::shard_socket(&args.shard_uds_path, 0).display(),
         args.batching.shard_startup_timeout,
         last_error.unwrap_or_default()
     ))

@@ -18,7 +18,7 @@ struct Args {
     #[arg(long)]
     model: PathBuf,
     /// Unix socket to serve gRPC on.
-    #[arg(long, default_value = sonde_proto::DEFAULT_SHARD_UDS_PATH)]
+    #[arg(long, default_value_os_t = sonde_proto::default_shard_socket())]
     uds_path: PathBuf,
     /// KV cache budget in tokens over all running requests (prompt + max_new_tokens each).
     #[arg(long, default_value_t = 16_384)]

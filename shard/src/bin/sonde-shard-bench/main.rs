@@ -65,7 +65,7 @@ const DEFAULT_BUDGET: usize = 16_384;
 )]
 struct Args {
     /// Unix socket of a running shard (ignored with --model).
-    #[arg(long, default_value = sonde_proto::DEFAULT_SHARD_UDS_PATH)]
+    #[arg(long, default_value_os_t = sonde_proto::default_shard_socket())]
     uds_path: PathBuf,
     /// Start a `sonde-shard` serving this model on a temporary socket, and stop it at the end.
     #[arg(long)]
