@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, ValueEnum};
+use clap::{Args, Parser};
+use sonde_proto::{Device, LogprobsMode, WeightQuant};
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -42,8 +43,8 @@ pub struct LauncherArgs {
     pub model_cache_dir: Option<PathBuf>,
     /// Weights as served: `auto` keeps the file's formats (exact scores for its weights);
     /// `q8_0` re-quantizes Q4/Q5 GGUF matrices to Q8_0 at load.
-    #[arg(long, env = "DTYPE", value_enum, default_value_t = Dtype::Auto)]
-    pub dtype: Dtype,
+    #[arg(long, env = "DTYPE", value_enum, default_value_t = WeightQuant::Keep)]
+    pub dtype: WeightQuant,
     /// Where the model runs (`cuda` needs a build with `--features cuda`).
     #[arg(long, env = "DEVICE", value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
@@ -135,23 +136,4 @@ pub struct SupervisionArgs {
     /// (so the platform restarts the container).
     #[arg(long, env = "MAX_SHARD_RESTARTS", default_value_t = 5)]
     pub max_shard_restarts: u32,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Dtype {
-    Auto,
-    #[value(name = "q8_0")]
-    Q8_0,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Device {
-    Cpu,
-    Cuda,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogprobsMode {
-    Raw,
-    Processed,
 }

@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::args::{Device, Dtype, LauncherArgs, LogprobsMode};
+use sonde_proto::FlagValue;
+
+use crate::args::LauncherArgs;
 use crate::child::ChildSpec;
 
 /// The default model's file name, as `scripts/fetch-data` puts it in `<data dir>/models/`.
@@ -138,17 +140,9 @@ pub fn shard_spec(args: &LauncherArgs, bins: &Binaries, model: &Path, rank: usiz
         "--max-batch-total-tokens".to_string(),
         args.batching.max_batch_total_tokens.to_string(),
         "--gguf-quant".to_string(),
-        match args.dtype {
-            Dtype::Auto => "keep",
-            Dtype::Q8_0 => "q8_0",
-        }
-        .to_string(),
+        args.dtype.flag_value(),
         "--device".to_string(),
-        match args.device {
-            Device::Cpu => "cpu",
-            Device::Cuda => "cuda",
-        }
-        .to_string(),
+        args.device.flag_value(),
     ];
     if args.json_output {
         a.push("--json-output".to_string());
@@ -204,14 +198,7 @@ pub fn router_spec(
     );
     flag("waiting-served-ratio", b.waiting_served_ratio.to_string());
     flag("max-waiting-tokens", b.max_waiting_tokens.to_string());
-    flag(
-        "logprobs-mode",
-        match l.logprobs_mode {
-            LogprobsMode::Raw => "raw",
-            LogprobsMode::Processed => "processed",
-        }
-        .to_string(),
-    );
+    flag("logprobs-mode", l.logprobs_mode.flag_value());
     flag("max-vertex-instances", l.max_vertex_instances.to_string());
     flag("max-response-bytes", l.max_response_bytes.to_string());
     flag("payload-limit", l.payload_limit.to_string());

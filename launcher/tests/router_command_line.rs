@@ -97,7 +97,7 @@ fn launcher_values_reach_the_router() {
     assert_eq!(r.batching.max_batch_prefill_tokens, Some(300));
     assert!(matches!(
         r.limits.logprobs_mode,
-        sonde_router::config::LogprobsModeArg::Processed
+        sonde_proto::LogprobsMode::Processed
     ));
     assert_eq!(r.shard_uds_path, PathBuf::from("/run/s"));
     assert_eq!(r.port, 9000);

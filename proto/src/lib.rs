@@ -10,6 +10,9 @@ pub mod v1 {
 
 pub use v1::*;
 
+mod options;
+pub use options::{Device, FlagValue, WeightQuant};
+
 use std::path::{Path, PathBuf};
 
 use tonic::transport::{Channel, Endpoint};

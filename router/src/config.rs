@@ -4,11 +4,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, ValueEnum};
+use clap::{Args, Parser};
 
-use crate::infer::LogprobsMode;
 use crate::scheduler::BatchingConfig;
 use crate::validation::ValidationLimits;
+use sonde_proto::LogprobsMode;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -73,8 +73,8 @@ pub struct LimitArgs {
     #[arg(long)]
     pub enable_prefill_logprobs: bool,
     /// Distribution that logprobs and top-N come from when a request does not say.
-    #[arg(long, value_enum, default_value_t = LogprobsModeArg::Raw)]
-    pub logprobs_mode: LogprobsModeArg,
+    #[arg(long, value_enum, default_value_t = LogprobsMode::Raw)]
+    pub logprobs_mode: LogprobsMode,
     /// Instances in one Vertex predict call.
     #[arg(long, default_value_t = 128)]
     pub max_vertex_instances: usize,
@@ -107,14 +107,6 @@ pub struct BatchingArgs {
     /// Seconds to wait for the shards to come up and warm.
     #[arg(long, default_value_t = 600)]
     pub shard_startup_timeout: u64,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum LogprobsModeArg {
-    /// The model's own distribution (log-softmax of the raw logits).
-    Raw,
-    /// The distribution sampled from, after penalties and warpers.
-    Processed,
 }
 
 /// What the HTTP server itself needs.
@@ -243,10 +235,7 @@ pub fn resolve_limits(
         max_stop_sequences: l.max_stop_sequences,
         max_label_tokens: facts.max_label_tokens,
         enable_prefill_logprobs: l.enable_prefill_logprobs,
-        default_logprobs_mode: match l.logprobs_mode {
-            LogprobsModeArg::Raw => LogprobsMode::Raw,
-            LogprobsModeArg::Processed => LogprobsMode::Processed,
-        },
+        default_logprobs_mode: l.logprobs_mode,
         default_max_new_tokens: l.default_max_new_tokens,
         vocab_size: facts.vocab_size,
         // Set from the shard's warmup answer by the caller.

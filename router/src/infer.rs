@@ -3,28 +3,11 @@
 //! `Backend` behind the routes.
 
 use serde::Serialize;
+use sonde_proto::LogprobsMode;
 use tokio::sync::mpsc;
 use utoipa::ToSchema;
 
 use crate::error::ApiError;
-
-/// Which distribution `logprob` and top-N are read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogprobsMode {
-    /// log-softmax of the raw logits: the model's own probability.
-    Raw,
-    /// After penalties, temperature, top-k, top-p, typical-p: what was sampled from.
-    Processed,
-}
-
-impl LogprobsMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LogprobsMode::Raw => "raw",
-            LogprobsMode::Processed => "processed",
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Sampling {
@@ -51,7 +34,7 @@ impl Sampling {
 /// What a request asks the shard to score.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScoreRequest {
-    pub top_n: u32,
+    pub top_n_tokens: u32,
     pub prefill_logprobs: bool,
     pub mode: LogprobsMode,
     pub return_logits: bool,
@@ -95,7 +78,7 @@ pub struct TokenScore {
     pub logprob: Option<f32>,
     pub logit: Option<f32>,
     pub rank: Option<u32>,
-    /// `(id, logprob)`, exactly top_n, descending, ties to the smaller id.
+    /// `(id, logprob)`, exactly top_n_tokens, descending, ties to the smaller id.
     pub top: Vec<(u32, f32)>,
     /// Logprobs of the request's label ids, in their order.
     pub labels: Vec<f32>,

@@ -6,11 +6,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
+use sonde_proto::FlagValue;
 use sonde_tokenizer::ModelTokenizer;
 
 use crate::client::ShardClients;
 use crate::config::{batching_config, resolve_limits, RouterArgs, ShardFacts};
 use crate::scheduler::Scheduler;
+use crate::shard::Shard;
 use crate::state::{AppState, Info, Ready};
 use crate::validation::Validator;
 
@@ -73,7 +75,7 @@ pub async fn start(args: &RouterArgs, state: &AppState) -> anyhow::Result<()> {
         waiting_served_ratio: batching.waiting_served_ratio,
         max_waiting_tokens: batching.max_waiting_tokens,
         enable_prefill_logprobs: limits.enable_prefill_logprobs,
-        logprobs_mode: limits.default_logprobs_mode.as_str().to_string(),
+        logprobs_mode: limits.default_logprobs_mode.flag_value(),
         max_vertex_instances: cfg.max_vertex_instances,
         max_response_bytes: cfg.max_response_bytes,
         payload_limit: cfg.payload_limit,

@@ -1,5 +1,6 @@
-//! The rules of `check_parameters` / `validate_ids` at their boundaries, with the real
-//! SmolLM2 tokenizer behind the validator (its vocabulary size bounds label ids).
+//! The rules of validation at their boundaries, reached as `/generate` reaches them (TGI
+//! parameters through `to_spec`, worded with TGI's names), with the real SmolLM2 tokenizer
+//! behind the validator (its vocabulary size bounds label ids).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -7,6 +8,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use super::*;
+use crate::error::ApiError;
+use crate::openai::{ChatNames, CompletionNames};
+use crate::tgi::convert::TgiNames;
+use crate::tgi::types::GenerateParameters;
 
 fn data_dir() -> PathBuf {
     std::env::var_os("SONDE_DATA_DIR")
@@ -68,8 +73,19 @@ macro_rules! with {
     };
 }
 
+/// `p` for an already tokenized prompt, as `/generate` would validate it. The prompt path
+/// for ids never awaits, so `block_on` is enough.
+fn validate_ids(
+    v: &Validator,
+    ids: Vec<u32>,
+    p: &GenerateParameters,
+) -> Result<ValidGenerate, ApiError> {
+    let spec = p.to_spec(Prompt::Ids(ids.into_iter().map(i64::from).collect()))?;
+    futures::executor::block_on(v.validate(spec)).map_err(|e| e.in_words(&TgiNames))
+}
+
 fn ok_with(p: GenerateParameters) -> ValidGenerate {
-    validator_with(limits()).validate_ids(ids(10), &p).unwrap()
+    validate_ids(&validator_with(limits()), ids(10), &p).unwrap()
 }
 
 /// The 422 sentence, so each test can check it names the field and the limit.
@@ -81,7 +97,7 @@ fn rejected(result: Result<ValidGenerate, ApiError>) -> String {
 }
 
 fn err_with(p: GenerateParameters) -> String {
-    rejected(validator_with(limits()).validate_ids(ids(10), &p))
+    rejected(validate_ids(&validator_with(limits()), ids(10), &p))
 }
 
 #[test]
@@ -106,9 +122,9 @@ fn max_new_tokens_range() {
 #[test]
 fn prompt_plus_new_tokens_within_total_names_both_numbers() {
     let v = validator_with(limits());
-    let fits = v.validate_ids(ids(10), &with!(max_new_tokens: Some(118)));
+    let fits = validate_ids(&v, ids(10), &with!(max_new_tokens: Some(118)));
     assert_eq!(fits.unwrap().request.max_new_tokens, 118);
-    let e = rejected(v.validate_ids(ids(10), &with!(max_new_tokens: Some(119))));
+    let e = rejected(validate_ids(&v, ids(10), &with!(max_new_tokens: Some(119))));
     assert!(
         e.contains("Given: 10") && e.contains("119") && e.contains("128"),
         "{e}"
@@ -118,9 +134,9 @@ fn prompt_plus_new_tokens_within_total_names_both_numbers() {
 #[test]
 fn prompt_length_limits() {
     let v = validator_with(limits());
-    assert!(rejected(v.validate_ids(vec![], &params())).contains("must not be empty"));
-    assert!(v.validate_ids(ids(MAX_INPUT), &params()).is_ok());
-    let e = rejected(v.validate_ids(ids(MAX_INPUT + 1), &params()));
+    assert!(rejected(validate_ids(&v, vec![], &params())).contains("must not be empty"));
+    assert!(validate_ids(&v, ids(MAX_INPUT), &params()).is_ok());
+    let e = rejected(validate_ids(&v, ids(MAX_INPUT + 1), &params()));
     assert!(e.contains("--max-input-tokens") && e.contains("101"), "{e}");
 }
 
@@ -130,10 +146,8 @@ fn the_kv_budget_bounds_a_request() {
         max_batch_total_tokens: 40,
         ..limits()
     });
-    assert!(v
-        .validate_ids(ids(10), &with!(max_new_tokens: Some(30)))
-        .is_ok());
-    let e = rejected(v.validate_ids(ids(10), &with!(max_new_tokens: Some(31))));
+    assert!(validate_ids(&v, ids(10), &with!(max_new_tokens: Some(30))).is_ok());
+    let e = rejected(validate_ids(&v, ids(10), &with!(max_new_tokens: Some(31))));
     assert!(
         e.contains("--max-batch-total-tokens") && e.contains("10 + 31"),
         "{e}"
@@ -211,12 +225,12 @@ fn truncate_keeps_the_last_tokens() {
     let v = validator_with(limits());
     let p = with!(truncate: Some(3));
     assert_eq!(
-        v.validate_ids(ids(10), &p).unwrap().request.input_ids,
+        validate_ids(&v, ids(10), &p).unwrap().request.input_ids,
         [8, 9, 10]
     );
     // A prompt is measured after truncation, so a long one is accepted.
     assert_eq!(
-        v.validate_ids(ids(500), &p).unwrap().request.input_ids,
+        validate_ids(&v, ids(500), &p).unwrap().request.input_ids,
         [498, 499, 500]
     );
     for bad in [0, MAX_INPUT as i64 + 1] {
@@ -227,7 +241,10 @@ fn truncate_keeps_the_last_tokens() {
 #[test]
 fn top_n_tokens_limit() {
     assert_eq!(
-        ok_with(with!(top_n_tokens: Some(5))).request.scores.top_n,
+        ok_with(with!(top_n_tokens: Some(5)))
+            .request
+            .scores
+            .top_n_tokens,
         5
     );
     let e = err_with(with!(top_n_tokens: Some(6)));
@@ -239,7 +256,10 @@ fn best_of_needs_sampling_and_no_seed() {
     assert!(err_with(with!(best_of: Some(2))).contains("needs sampling"));
     let seeded = with!(best_of: Some(2), do_sample: true, seed: Some(1));
     assert!(err_with(seeded).contains("`seed`"));
-    assert_eq!(ok_with(with!(best_of: Some(2), do_sample: true)).best_of, 2);
+    assert_eq!(
+        ok_with(with!(best_of: Some(2), do_sample: true)).generations,
+        2
+    );
     let three = with!(best_of: Some(3), do_sample: true);
     assert!(err_with(three).contains("--max-best-of"));
 }
@@ -251,7 +271,7 @@ fn prompt_logprobs_need_the_flag() {
         ..limits()
     });
     let p = with!(decoder_input_details: true);
-    assert!(rejected(v.validate_ids(ids(3), &p)).contains("--enable-prefill-logprobs"));
+    assert!(rejected(validate_ids(&v, ids(3), &p)).contains("--enable-prefill-logprobs"));
 }
 
 #[test]
@@ -274,9 +294,9 @@ fn label_ids_must_be_in_the_vocabulary() {
 fn default_max_new_tokens_is_capped_by_the_room_left() {
     let v = validator_with(limits());
     let none = GenerateParameters::default();
-    let short = v.validate_ids(ids(10), &none).unwrap();
+    let short = validate_ids(&v, ids(10), &none).unwrap();
     assert_eq!(short.request.max_new_tokens, DEFAULT_NEW);
-    let capped = v.validate_ids(ids(MAX_INPUT), &none).unwrap();
+    let capped = validate_ids(&v, ids(MAX_INPUT), &none).unwrap();
     assert_eq!(capped.request.max_new_tokens, MAX_TOTAL - MAX_INPUT);
 }
 
@@ -288,8 +308,12 @@ fn default_max_new_tokens_fits_the_kv_budget() {
         max_batch_total_tokens: 40,
         ..limits()
     });
-    let valid = v.validate_ids(ids(10), &GenerateParameters::default());
+    let valid = validate_ids(&v, ids(10), &GenerateParameters::default());
     assert_eq!(valid.unwrap().request.max_new_tokens, 30);
+}
+
+fn sampling(p: &GenerateParameters) -> Sampling {
+    p.to_spec(Prompt::Ids(vec![1])).unwrap().sampling.resolve()
 }
 
 #[test]
@@ -334,21 +358,127 @@ fn unsupported_fields_are_named() {
 
 #[test]
 fn scores_and_mode_are_carried() {
-    let processed = Some(LogprobsModeParam::Processed);
-    let v = ok_with(with!(return_logits: true, logprobs_mode: processed, details: true));
-    assert!(v.request.scores.return_logits && v.details && v.wants_scores());
+    let processed = Some(LogprobsMode::Processed);
+    let p = with!(return_logits: true, logprobs_mode: processed, details: true);
+    assert!(p.wants_scores());
+    let v = ok_with(p);
+    assert!(v.request.scores.return_logits);
     assert_eq!(v.request.scores.mode, LogprobsMode::Processed);
     assert_eq!(ok_with(params()).request.scores.mode, LogprobsMode::Raw);
-    assert!(!ok_with(params()).wants_scores());
+    assert!(!params().wants_scores());
 }
 
 #[tokio::test]
 async fn validate_tokenizes_with_special_tokens_as_asked() {
     let v = validator_with(limits());
-    let valid = v.validate("Hello world".into(), &params(), true).await;
-    let want = tokenizer().encode("Hello world", true).unwrap();
-    assert_eq!(valid.unwrap().request.input_ids, want);
-    // A bad parameter is reported before any tokenizing.
-    let bad = with!(top_k: Some(0));
-    assert!(rejected(v.validate("x".into(), &bad, true).await).contains("`top_k`"));
+    for add_special_tokens in [true, false] {
+        let text = "Hello world".to_string();
+        let spec = params().to_spec(Prompt::Text {
+            text,
+            add_special_tokens,
+        });
+        let valid = v.validate(spec.unwrap()).await.unwrap();
+        let want = tokenizer()
+            .encode("Hello world", add_special_tokens)
+            .unwrap();
+        assert_eq!(valid.request.input_ids, want);
+    }
+    // A bad parameter is reported before any tokenizing: this text would not tokenize
+    // either (it is fine), but the error names `top_k`.
+    let spec = with!(top_k: Some(0)).to_spec(Prompt::Text {
+        text: "x".into(),
+        add_special_tokens: true,
+    });
+    let e = v.validate(spec.unwrap()).await.unwrap_err();
+    assert_eq!(
+        e.clone().in_words(&TgiNames).to_string(),
+        "`top_k` must be > 0, got 0"
+    );
+    assert!(matches!(e, SpecError::Invalid(ref v) if v.field() == Field::TopK));
+}
+
+/// Token-id prompts (OpenAI's, `/v1/score`'s) are checked against the vocabulary like
+/// label ids, and named as the API names its prompt.
+#[test]
+fn token_id_prompts_must_be_in_the_vocabulary() {
+    let v = validator_with(limits());
+    let vocab = tokenizer().vocab_size() as i64;
+    let spec = |ids: Vec<i64>| GenerationSpec {
+        max_new_tokens: Some(1),
+        ..GenerationSpec::new(Prompt::Ids(ids))
+    };
+    let ok = futures::executor::block_on(v.validate(spec(vec![0, vocab - 1]))).unwrap();
+    assert_eq!(ok.request.input_ids, [0, vocab as u32 - 1]);
+    for bad in [-1, vocab, i64::MAX] {
+        let e = futures::executor::block_on(v.validate(spec(vec![3, bad]))).unwrap_err();
+        let words = e.in_words(&CompletionNames).to_string();
+        assert_eq!(
+            words,
+            format!("`prompt` holds {bad}, outside the vocabulary (0..{vocab})")
+        );
+    }
+}
+
+/// The same violation reads in each API's own names, with hints only about fields that
+/// API has.
+#[test]
+fn each_api_words_a_violation_with_its_own_names() {
+    let long = Violation::PromptTooLong { max: 100, got: 101 };
+    assert_eq!(
+        long.sentence(&TgiNames),
+        "`inputs` must have at most 100 tokens (--max-input-tokens). Given: 101; `truncate` keeps the last N"
+    );
+    assert_eq!(
+        long.sentence(&ChatNames),
+        "`messages` must have at most 100 tokens (--max-input-tokens). Given: 101"
+    );
+    let total = Violation::OverTotalTokens {
+        max: 128,
+        prompt: 10,
+        new: 119,
+    };
+    assert_eq!(
+        total.sentence(&CompletionNames),
+        "`prompt` tokens + `max_tokens` must be <= 128 (--max-total-tokens). Given: 10 `prompt` tokens and 119 `max_tokens`"
+    );
+    let top = Violation::IntRange {
+        field: Field::TopNTokens,
+        min: 0,
+        max: 5,
+        flag: Some("--max-top-n-tokens"),
+        got: 6,
+    };
+    assert!(top.sentence(&TgiNames).starts_with("`top_n_tokens` must"));
+    assert!(top
+        .sentence(&CompletionNames)
+        .starts_with("`logprobs` must"));
+    assert!(top.sentence(&ChatNames).starts_with("`top_logprobs` must"));
+    assert!(Violation::NothingToDo
+        .sentence(&ChatNames)
+        .contains("must be >= 1"));
+    assert!(Violation::NothingToDo
+        .sentence(&CompletionNames)
+        .contains("only with `echo`"));
+}
+
+/// The one seeding rule for `best_of` candidates and `n` choices: seed + i.
+#[test]
+fn generation_i_samples_with_the_seed_plus_i() {
+    let spec = GenerationSpec {
+        max_new_tokens: Some(1),
+        sampling: SamplingSpec {
+            do_sample: true,
+            seed: Some(u64::MAX),
+            ..SamplingSpec::default()
+        },
+        generations: Some(2),
+        ..GenerationSpec::new(Prompt::Ids(vec![1, 2]))
+    };
+    let v = futures::executor::block_on(validator_with(limits()).validate(spec)).unwrap();
+    assert_eq!(v.generations, 2);
+    let seeds: Vec<_> = (0..2).map(|i| v.generation(i).sampling.seed()).collect();
+    assert_eq!(seeds, [Some(u64::MAX), Some(0)]);
+    // Greedy generations are the request itself.
+    let greedy = ok_with(params());
+    assert_eq!(greedy.generation(3), greedy.request);
 }

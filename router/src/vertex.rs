@@ -17,8 +17,9 @@ use crate::error::{ApiError, ErrorBody};
 use crate::invalid;
 use crate::json::ApiJson;
 use crate::openai;
+use crate::openai::types::{ChatRequest, CompletionRequest};
 use crate::state::{AppState, Ready};
-use crate::tgi::respond;
+use crate::tgi;
 use crate::tgi::types::GenerateRequest;
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -65,15 +66,25 @@ pub async fn predict(
         Some(Value::Object(map)) => map,
         Some(_) => return Err(invalid!("`parameters` must be an object")),
     };
-    let _permit = state.permit(req.instances.len() as u32)?;
-    let runs = req.instances.into_iter().enumerate().map(|(i, instance)| {
+    let prepares = req.instances.into_iter().enumerate().map(|(i, instance)| {
         let defaults = &defaults;
         async move {
-            predict_one(ready, instance, defaults)
+            prepare(ready, instance, defaults)
                 .await
                 .map_err(|e| e.context(&format!("instances[{i}]")))
         }
     });
+    let instances = try_join_all(prepares).await?;
+    // One permit per generation, as on every other route: an instance with `n: 2` runs two.
+    let _permit = state.permit(instances.iter().map(Instance::generations).sum())?;
+    let runs = instances
+        .into_iter()
+        .enumerate()
+        .map(|(i, instance)| async move {
+            run(ready, instance)
+                .await
+                .map_err(|e| e.context(&format!("instances[{i}]")))
+        });
     let predictions = try_join_all(runs).await?;
     let body = serde_json::to_vec(&PredictResponse { predictions })
         .map_err(|e| ApiError::Internal(format!("serializing predictions: {e}")))?;
@@ -88,15 +99,41 @@ pub async fn predict(
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
-async fn predict_one(
+/// One instance, validated: a request of its own API.
+enum Instance {
+    // Boxed: TGI's parameters make it several times the size of the others.
+    Generate(Box<tgi::convert::Prepared>),
+    Chat(openai::chat::Prepared),
+    Completion(openai::completions::Prepared),
+}
+
+impl Instance {
+    fn generations(&self) -> u32 {
+        match self {
+            Instance::Generate(p) => p.generations(),
+            Instance::Chat(p) => p.generations(),
+            Instance::Completion(p) => p.generations(),
+        }
+    }
+}
+
+/// Reads an instance as the request its key names and validates it with that API's rules.
+async fn prepare(
     ready: &Ready,
     instance: Value,
     defaults: &Map<String, Value>,
-) -> Result<Value, ApiError> {
+) -> Result<Instance, ApiError> {
     let Value::Object(mut fields) = instance else {
         return Err(invalid!(
             "an instance must be an object with `inputs`, `messages` or `prompt`"
         ));
+    };
+    let not_streamed = |stream: bool| {
+        if stream {
+            Err(invalid!("`stream` is not available in Vertex predict"))
+        } else {
+            Ok(())
+        }
     };
     if fields.contains_key("inputs") {
         let own = match fields.remove("parameters") {
@@ -104,33 +141,44 @@ async fn predict_one(
             Some(Value::Object(map)) => map,
             Some(_) => return Err(invalid!("`parameters` must be an object")),
         };
+        // Top-level `parameters` are defaults, key by key, for the instance's own.
         let mut merged = defaults.clone();
         merged.extend(own);
         fields.insert("parameters".to_string(), Value::Object(merged));
         let req: GenerateRequest = from_value(Value::Object(fields))?;
-        if req.stream {
-            return Err(invalid!("`stream` is not available in Vertex predict"));
-        }
-        let valid = ready
-            .validator
-            .validate(req.inputs.clone(), &req.parameters, true)
-            .await?;
-        let answer = respond::generate(ready, &valid, &req.inputs).await?;
-        if valid.wants_scores() {
-            to_value(&answer)
-        } else {
-            Ok(Value::String(answer.generated_text))
-        }
+        not_streamed(req.stream)?;
+        let prepared = tgi::convert::prepare(ready, req).await?;
+        Ok(Instance::Generate(Box::new(prepared)))
     } else if fields.contains_key("messages") {
-        let req = from_value(Value::Object(fields))?;
-        to_value(&openai::chat::complete(ready, req).await?)
+        let req: ChatRequest = from_value(Value::Object(fields))?;
+        not_streamed(req.stream)?;
+        Ok(Instance::Chat(openai::chat::prepare(ready, req).await?))
     } else if fields.contains_key("prompt") {
-        let req = from_value(Value::Object(fields))?;
-        to_value(&openai::completions::complete(ready, req).await?)
+        let req: CompletionRequest = from_value(Value::Object(fields))?;
+        not_streamed(req.stream)?;
+        Ok(Instance::Completion(
+            openai::completions::prepare(ready, req).await?,
+        ))
     } else {
         Err(invalid!(
             "an instance must have `inputs` (generate), `messages` (chat) or `prompt` (completion)"
         ))
+    }
+}
+
+/// A generate instance answers its text alone when it asked for no score.
+async fn run(ready: &Ready, instance: Instance) -> Result<Value, ApiError> {
+    match instance {
+        Instance::Generate(p) => {
+            let answer = tgi::respond::generate(ready, &p).await?;
+            if p.params.wants_scores() {
+                to_value(&answer)
+            } else {
+                Ok(Value::String(answer.generated_text))
+            }
+        }
+        Instance::Chat(p) => to_value(&openai::chat::run(ready, p).await?),
+        Instance::Completion(p) => to_value(&openai::completions::run(ready, p).await?),
     }
 }
 

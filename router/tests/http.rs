@@ -184,7 +184,7 @@ async fn vertex_instance_parameters_override_top_level_ones() {
     let (s, b) = post_json(&app, "/predict", body).await;
     assert_eq!(s, StatusCode::OK, "{b}");
     let r = fake.last();
-    assert_eq!((r.max_new_tokens, r.scores.top_n), (3, 1));
+    assert_eq!((r.max_new_tokens, r.scores.top_n_tokens), (3, 1));
     let body = json!({"instances": [
         {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
         {"prompt": "Hi", "max_tokens": 2},

@@ -256,7 +256,7 @@ fn check_within_limits(r: &sonde_router::infer::ValidRequest) -> Result<(), Test
     prop_assert!(n >= 1 && n <= l.max_input_tokens, "{r:?}");
     prop_assert!(n + r.max_new_tokens <= l.max_total_tokens, "{r:?}");
     prop_assert!(r.max_new_tokens > 0 || r.scores.prefill_logprobs, "{r:?}");
-    prop_assert!(r.scores.top_n <= l.max_top_n_tokens, "{r:?}");
+    prop_assert!(r.scores.top_n_tokens <= l.max_top_n_tokens, "{r:?}");
     prop_assert!(
         r.scores.label_ids.len() as u32 <= l.max_label_tokens,
         "{r:?}"

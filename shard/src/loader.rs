@@ -9,18 +9,20 @@ use sonde_tokenizer::ModelTokenizer;
 
 use crate::error::LoadError;
 use crate::model::arch::{self, HfFacts};
-use crate::model::{AttentionKernel, Model, Placement, QuantPolicy, WeightSource};
+use sonde_proto::WeightQuant;
+
+use crate::model::{AttentionKernel, Model, Placement, WeightSource};
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     pub device: Device,
-    pub quant_policy: QuantPolicy,
+    pub quant_policy: WeightQuant,
     /// The attention kernel; `None`: the host kernel on the CPU, candle's ops elsewhere.
     pub attention: Option<AttentionKernel>,
 }
 
 impl LoadOptions {
-    pub fn cpu(quant_policy: QuantPolicy) -> Self {
+    pub fn cpu(quant_policy: WeightQuant) -> Self {
         LoadOptions {
             device: Device::Cpu,
             quant_policy,

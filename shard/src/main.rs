@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use sonde_proto::{Device, WeightQuant};
 use sonde_shard::engine::{Engine, EngineConfig};
 use sonde_shard::loader::{self, LoadOptions};
-use sonde_shard::model::QuantPolicy;
 use sonde_shard::server::{self, ServeConfig};
 
 #[derive(Parser, Debug)]
@@ -27,30 +27,14 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     prompt_logits_chunk: usize,
     /// What to do with GGUF block formats at load.
-    #[arg(long, value_enum, default_value_t = Quant::Keep)]
-    gguf_quant: Quant,
+    #[arg(long, value_enum, default_value_t = WeightQuant::Keep)]
+    gguf_quant: WeightQuant,
     /// Where the model runs.
-    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
-    device: DeviceArg,
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
     /// Log as JSON lines.
     #[arg(long)]
     json_output: bool,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Quant {
-    /// Serve the blocks as stored (exact scores for the file's weights).
-    Keep,
-    /// Re-quantize Q4_0/Q4_1/Q5_0/Q5_1 matrices to Q8_0 at load.
-    #[value(name = "q8_0")]
-    Q8_0,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum DeviceArg {
-    Cpu,
-    /// The first CUDA GPU (needs a build with `--features cuda`).
-    Cuda,
 }
 
 #[tokio::main]
@@ -58,17 +42,14 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_logging(args.json_output);
     let device = match args.device {
-        DeviceArg::Cpu => candle_core::Device::Cpu,
-        DeviceArg::Cuda => candle_core::Device::new_cuda(0)
+        Device::Cpu => candle_core::Device::Cpu,
+        Device::Cuda => candle_core::Device::new_cuda(0)
             .context("--device cuda needs a GPU and a build with `--features cuda`")?,
     };
     let opts = LoadOptions {
         device,
         attention: None,
-        quant_policy: match args.gguf_quant {
-            Quant::Q8_0 => QuantPolicy::RequantizeQ8_0,
-            Quant::Keep => QuantPolicy::Keep,
-        },
+        quant_policy: args.gguf_quant,
     };
     // A load error is one line naming the file and the tensor or key (the launcher shows
     // it as the reason it exits).

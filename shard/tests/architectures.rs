@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 use common::*;
 use serde_json::Value;
+use sonde_proto::WeightQuant;
 use sonde_shard::error::LoadError;
 use sonde_shard::loader::{self, LoadOptions};
-use sonde_shard::model::QuantPolicy;
 
 /// A copy of the f32 Hugging Face folder with `config.json` edited by `edit` and
 /// `extra` tensors added.
@@ -108,7 +108,7 @@ fn mistral_and_qwen2_configs_run_the_same_pass() {
 
 #[test]
 fn unservable_configs_are_refused_with_the_reason() {
-    let load = |path: &Path| loader::load(path, &LoadOptions::cpu(QuantPolicy::default()));
+    let load = |path: &Path| loader::load(path, &LoadOptions::cpu(WeightQuant::default()));
     let cases = [
         (
             "yarn",

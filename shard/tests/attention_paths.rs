@@ -7,8 +7,9 @@
 mod common;
 
 use common::*;
+use sonde_proto::WeightQuant;
 use sonde_shard::loader::LoadOptions;
-use sonde_shard::model::{AttentionKernel, QuantPolicy};
+use sonde_shard::model::AttentionKernel;
 
 #[test]
 fn host_and_candle_attention_agree_past_the_sliding_window() {
@@ -19,7 +20,7 @@ fn host_and_candle_attention_agree_past_the_sliding_window() {
     let run = |attention| {
         let opts = LoadOptions {
             attention: Some(attention),
-            ..LoadOptions::cpu(QuantPolicy::default())
+            ..LoadOptions::cpu(WeightQuant::default())
         };
         let mut engine = engine_opts(&gemma3_path(), 1024, &opts);
         run_one(

@@ -74,10 +74,11 @@ fn assert_same(a: &Outcome, b: &Outcome, what: &str) {
     for (x, y) in pairs {
         assert_eq!(x.id, y.id, "{what}");
         assert_eq!(x.rank, y.rank, "{what}: rank of {}", x.id);
-        assert_eq!(x.top_ids, y.top_ids, "{what}: top ids");
+        let ids = |t: &pb::TokenScores| t.top_tokens.iter().map(|t| t.id).collect::<Vec<_>>();
+        assert_eq!(ids(x), ids(y), "{what}: top ids");
         let nums = |t: &pb::TokenScores| {
             let mut v: Vec<f32> = t.logprob.into_iter().chain(t.logit).collect();
-            v.extend(&t.top_logprobs);
+            v.extend(t.top_tokens.iter().map(|t| t.logprob));
             v.extend(&t.label_logprobs);
             v
         };

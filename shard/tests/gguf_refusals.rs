@@ -13,9 +13,9 @@ use std::sync::OnceLock;
 use candle_core::quantized::{ggml_file, gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::*;
+use sonde_proto::WeightQuant;
 use sonde_shard::error::LoadError;
 use sonde_shard::loader::{self, LoadOptions};
-use sonde_shard::model::QuantPolicy;
 
 type Metadata = Vec<(String, gguf_file::Value)>;
 type Tensors = Vec<(String, QTensor)>;
@@ -83,7 +83,7 @@ fn set(metadata: &mut Metadata, key: &str, value: gguf_file::Value) {
 }
 
 fn load_err(path: &Path) -> LoadError {
-    let err = loader::load(path, &LoadOptions::cpu(QuantPolicy::default()))
+    let err = loader::load(path, &LoadOptions::cpu(WeightQuant::default()))
         .err()
         .expect("the file was served");
     let text = err.to_string();
@@ -254,7 +254,7 @@ fn test_model_bad_files_are_refused_by_name() {
             "{} is missing: run scripts/test",
             path.display()
         );
-        let err = loader::load(&path, &LoadOptions::cpu(QuantPolicy::default()))
+        let err = loader::load(&path, &LoadOptions::cpu(WeightQuant::default()))
             .err()
             .unwrap_or_else(|| panic!("{name} was served"));
         let text = err.to_string();

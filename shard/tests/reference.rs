@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use serde_json::Value;
 use sonde_proto as pb;
-use sonde_shard::model::QuantPolicy;
+use sonde_proto::WeightQuant;
 
 struct RefPrompt {
     ids: Vec<u32>,
@@ -116,13 +116,13 @@ impl Deltas {
 /// Scores every prompt position (prompt logprobs and labels) and the first generated
 /// token, and compares them with the reference.
 fn compare_prompt_scores(path: &Path) -> (Deltas, Deltas, usize) {
-    compare_prompt_scores_with(path, &reference(), QuantPolicy::default())
+    compare_prompt_scores_with(path, &reference(), WeightQuant::default())
 }
 
 fn compare_prompt_scores_with(
     path: &Path,
     r: &Reference,
-    policy: QuantPolicy,
+    policy: WeightQuant,
 ) -> (Deltas, Deltas, usize) {
     let mut engine = engine_with(path, 4096, policy);
     let mut prompt = Deltas::default();
@@ -265,8 +265,8 @@ fn f32_top_tokens_match_reference_order() {
             let gap_ok =
                 want[k].1 - want[k + 1].1 > 1e-3 && (k == 0 || want[k - 1].1 - want[k].1 > 1e-3);
             if gap_ok {
-                assert_eq!(got.top_ids[k], want[k].0, "position {pos} rank {k}");
-                assert!((got.top_logprobs[k] as f64 - want[k].1).abs() <= 1e-3);
+                assert_eq!(got.top_tokens[k].id, want[k].0, "position {pos} rank {k}");
+                assert!((got.top_tokens[k].logprob as f64 - want[k].1).abs() <= 1e-3);
                 checked += 1;
             }
         }
@@ -278,7 +278,7 @@ fn f32_top_tokens_match_reference_order() {
 #[ignore = "measurement for the notes: the --gguf-quant q8_0 option"]
 fn gguf_requantized_q8_0_noise() {
     let (prompt, labels, positions) =
-        compare_prompt_scores_with(&gguf_path(), &reference(), QuantPolicy::RequantizeQ8_0);
+        compare_prompt_scores_with(&gguf_path(), &reference(), WeightQuant::Q8_0);
     eprintln!(
         "GGUF (requantized to q8_0) vs f64 reference over {positions} prompt positions: \
          prompt logprobs max |Δ| {:.3e} mean {:.3e}; label logprobs max {:.3e} mean {:.3e}",
@@ -323,7 +323,7 @@ fn check_greedy(label: &str, out: &HashMap<u64, Outcome>, r: &Reference) -> usiz
 /// default model: prompt logprobs max 1e-3 and mean 1e-4, labels max 2e-3.
 fn check_model(label: &str, model: &Path, reference: &Path) {
     let r = reference_at(reference);
-    let (prompt, labels, positions) = compare_prompt_scores_with(model, &r, QuantPolicy::default());
+    let (prompt, labels, positions) = compare_prompt_scores_with(model, &r, WeightQuant::default());
     eprintln!(
         "{label} vs f64 reference over {positions} prompt positions: prompt logprobs max |Δ| \
          {:.3e} mean {:.3e}; label logprobs max {:.3e} mean {:.3e}",

@@ -23,11 +23,7 @@ fn prompt() -> Vec<u32> {
 }
 
 fn full(t: &pb::TokenScores) -> Vec<(u32, f32)> {
-    t.top_ids
-        .iter()
-        .copied()
-        .zip(t.top_logprobs.iter().copied())
-        .collect()
+    t.top_tokens.iter().map(|t| (t.id, t.logprob)).collect()
 }
 
 fn logprob_of(full: &[(u32, f32)], id: u32) -> f32 {
@@ -83,10 +79,9 @@ fn raw_scores_agree_with_the_full_distribution() {
     }
     // Greedy picks the raw top-1; a narrower top-N is the head of the full list.
     for (w, n) in wide.tokens.iter().zip(&narrow.tokens) {
-        assert_eq!(w.id, w.top_ids[0]);
+        assert_eq!(w.id, w.top_tokens[0].id);
         assert_eq!(w.rank, Some(1));
-        assert_eq!(n.top_ids, w.top_ids[..3]);
-        assert_eq!(n.top_logprobs, w.top_logprobs[..3]);
+        assert_eq!(n.top_tokens, w.top_tokens[..3]);
         assert_eq!(n.logprob, w.logprob);
     }
 }
@@ -135,7 +130,7 @@ fn processed_scores_are_the_sampled_distribution() {
         // logit and rank stay raw in both modes.
         assert_eq!(p.logit, r.logit);
         assert_eq!(p.rank, r.rank);
-        let raw_rank = r.top_ids.iter().position(|i| *i == r.id).unwrap() as u32 + 1;
+        let raw_rank = r.top_tokens.iter().position(|t| t.id == r.id).unwrap() as u32 + 1;
         assert_eq!(r.rank, Some(raw_rank));
     }
 }

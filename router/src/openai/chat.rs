@@ -14,15 +14,13 @@ use super::types::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs, ChatMessage, ChatRequest,
     ChatResponse, ChatTokenLogprob, TopLogprob, Usage,
 };
-use super::{
-    choice_request, finish_reason, merge_choices, new_id, now, openai_names, usage, ChoiceStream,
-    Shared,
-};
+use super::{finish_reason, merge_choices, new_id, now, usage, ChatNames, ChoiceStream, Shared};
 use crate::error::{ApiError, ErrorBody};
 use crate::generation::{collect, json_logprob, steps, Step, TextTracker};
 use crate::infer::TokenScore;
 use crate::invalid;
 use crate::json::ApiJson;
+use crate::request::Prompt;
 use crate::sse::{json_event, sse};
 use crate::state::{AppState, Ready};
 use crate::validation::ValidGenerate;
@@ -39,32 +37,30 @@ pub async fn chat_completions(
     let ready = state.ready()?;
     let streamed = req.stream;
     let prepared = prepare(ready, req).await?;
-    let permit = state.permit(prepared.n)?;
+    let permit = state.permit(prepared.generations())?;
     if streamed {
         return stream(ready, prepared, permit);
     }
     Ok(Json(run(ready, prepared).await?).into_response())
 }
 
-/// A chat completion without streaming (also a Vertex `messages` instance).
-pub async fn complete(ready: &Ready, req: ChatRequest) -> Result<ChatResponse, ApiError> {
-    if req.stream {
-        return Err(invalid!("`stream` is not available here"));
-    }
-    let prepared = prepare(ready, req).await?;
-    run(ready, prepared).await
-}
-
-struct Prepared {
+pub(crate) struct Prepared {
+    /// Its `generations` are the `n` choices.
     valid: ValidGenerate,
-    n: u32,
     /// None: no logprobs; Some(k): chosen token + k alternatives.
     logprobs: Option<u32>,
     include_usage: bool,
 }
 
-async fn prepare(ready: &Ready, req: ChatRequest) -> Result<Prepared, ApiError> {
-    let limits = ready.validator.limits();
+impl Prepared {
+    /// Choices, each holding one concurrency permit.
+    pub fn generations(&self) -> u32 {
+        self.valid.generations
+    }
+}
+
+/// Checks and validates a request (also a Vertex instance, which must not stream).
+pub(crate) async fn prepare(ready: &Ready, req: ChatRequest) -> Result<Prepared, ApiError> {
     let shared = Shared {
         temperature: req.temperature,
         top_p: req.top_p,
@@ -75,7 +71,7 @@ async fn prepare(ready: &Ready, req: ChatRequest) -> Result<Prepared, ApiError> 
         presence_penalty: req.presence_penalty,
         logit_bias: req.logit_bias,
     };
-    let n = shared.check(limits)?;
+    shared.check()?;
     if req.tools.as_ref().is_some_and(|t| !t.is_null())
         || req.tool_choice.as_ref().is_some_and(|t| !t.is_null())
     {
@@ -89,12 +85,6 @@ async fn prepare(ready: &Ready, req: ChatRequest) -> Result<Prepared, ApiError> 
         }
     }
     let top = req.top_logprobs.unwrap_or(0);
-    if top < 0 || top > limits.max_top_n_tokens as i64 {
-        return Err(invalid!(
-            "`top_logprobs` must be between 0 and {} (--max-top-n-tokens), got {top}",
-            limits.max_top_n_tokens
-        ));
-    }
     if top > 0 && !req.logprobs {
         return Err(invalid!("`top_logprobs` needs `logprobs: true`"));
     }
@@ -105,19 +95,21 @@ async fn prepare(ready: &Ready, req: ChatRequest) -> Result<Prepared, ApiError> 
         }
     }
     check_messages(&req.messages)?;
-    let prompt = render(ready.validator.tokenizer(), &req.messages)?;
-    let mut params = shared.parameters(max_tokens);
-    params.details = req.logprobs;
-    params.top_n_tokens = (top > 0).then_some(top);
-    // The template writes the special tokens (BOS included) itself.
+    let prompt = Prompt::Text {
+        text: render(ready.validator.tokenizer(), &req.messages)?,
+        // The template writes the special tokens (BOS included) itself.
+        add_special_tokens: false,
+    };
+    let mut spec = shared.to_spec(prompt, max_tokens);
+    spec.scores.top_n_tokens = req.top_logprobs;
     let valid = ready
         .validator
-        .validate(prompt, &params, false)
+        .validate(spec)
         .await
-        .map_err(|e| openai_names(e, "messages", "top_logprobs"))?;
+        .map_err(|e| e.in_words(&ChatNames))?;
     Ok(Prepared {
         valid,
-        n,
+        // Validated: 0..=--max-top-n-tokens.
         logprobs: req.logprobs.then_some(top as u32),
         include_usage: req.stream_options.is_some_and(|o| o.include_usage),
     })
@@ -154,10 +146,11 @@ fn render(tokenizer: &ModelTokenizer, messages: &[Value]) -> Result<String, ApiE
     })
 }
 
-async fn run(ready: &Ready, p: Prepared) -> Result<ChatResponse, ApiError> {
+/// Runs a prepared request to the end and builds the answer.
+pub(crate) async fn run(ready: &Ready, p: Prepared) -> Result<ChatResponse, ApiError> {
     let tokenizer = ready.validator.tokenizer();
-    let runs = (0..p.n).map(|i| {
-        let request = choice_request(&p.valid.request, i);
+    let runs = (0..p.valid.generations).map(|i| {
+        let request = p.valid.generation(i);
         let tracker = TextTracker::new(tokenizer.clone(), p.valid.stop.clone());
         async move { collect(ready.backend.schedule(request)?, tracker).await }
     });
@@ -224,10 +217,8 @@ fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Re
     let (id, model, created) = (new_id("chatcmpl"), ready.info.model_id.clone(), now());
     let prompt_tokens = p.valid.request.input_ids.len() as u32;
     let mut choices: Vec<ChoiceStream> = Vec::new();
-    for i in 0..p.n {
-        let rx = ready
-            .backend
-            .schedule(choice_request(&p.valid.request, i))?;
+    for i in 0..p.valid.generations {
+        let rx = ready.backend.schedule(p.valid.generation(i))?;
         let tracker = TextTracker::new(tokenizer.clone(), p.valid.stop.clone());
         choices.push(steps(rx, tracker).map(move |s| (i, s)).boxed());
     }
@@ -240,7 +231,7 @@ fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Re
         usage,
     };
     // OpenAI opens each choice with a chunk that carries only the role.
-    let opening: Vec<Event> = (0..p.n)
+    let opening: Vec<Event> = (0..p.valid.generations)
         .map(|index| {
             let delta = ChatDelta {
                 role: Some("assistant".to_string()),

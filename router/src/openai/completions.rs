@@ -13,14 +13,14 @@ use super::types::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage,
 };
 use super::{
-    choice_request, finish_reason, merge_choices, new_id, now, openai_names, usage, ChoiceStream,
-    Shared,
+    finish_reason, merge_choices, new_id, now, usage, ChoiceStream, CompletionNames, Shared,
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::generation::{collect, json_logprob, steps, Step, TextTracker};
 use crate::infer::TokenScore;
 use crate::invalid;
 use crate::json::ApiJson;
+use crate::request::Prompt;
 use crate::sse::{json_event, sse};
 use crate::state::{AppState, Ready};
 use crate::validation::ValidGenerate;
@@ -38,28 +38,16 @@ pub async fn completions(
     let streamed = req.stream;
     let prepared = prepare(ready, req).await?;
     if streamed {
-        let permit = state.permit(prepared.choices())?;
+        let permit = state.permit(prepared.generations())?;
         return stream(ready, prepared, permit);
     }
-    let _permit = state.permit(prepared.choices())?;
+    let _permit = state.permit(prepared.generations())?;
     Ok(Json(run(ready, prepared).await?).into_response())
 }
 
-/// A completion without streaming (also a Vertex `prompt` instance).
-pub async fn complete(
-    ready: &Ready,
-    req: CompletionRequest,
-) -> Result<CompletionResponse, ApiError> {
-    if req.stream {
-        return Err(invalid!("`stream` is not available here"));
-    }
-    let prepared = prepare(ready, req).await?;
-    run(ready, prepared).await
-}
-
-struct Prepared {
+pub(crate) struct Prepared {
+    /// Each prompt with its request, whose `generations` are the `n` choices.
     prompts: Vec<(String, ValidGenerate)>,
-    n: u32,
     echo: bool,
     /// `logprobs`: None = no scores, Some(k) = chosen token + k alternatives.
     logprobs: Option<u32>,
@@ -67,12 +55,14 @@ struct Prepared {
 }
 
 impl Prepared {
-    fn choices(&self) -> u32 {
-        self.prompts.len() as u32 * self.n
+    /// Choices over all prompts, each holding one concurrency permit.
+    pub fn generations(&self) -> u32 {
+        self.prompts.iter().map(|(_, v)| v.generations).sum()
     }
 }
 
-async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Prepared, ApiError> {
+/// Checks and validates a request (also a Vertex instance, which must not stream).
+pub(crate) async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Prepared, ApiError> {
     let limits = ready.validator.limits();
     let shared = Shared {
         temperature: req.temperature,
@@ -84,7 +74,7 @@ async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Prepared, ApiE
         presence_penalty: req.presence_penalty,
         logit_bias: req.logit_bias,
     };
-    let n = shared.check(limits)?;
+    shared.check()?;
     if req.best_of.is_some_and(|b| b != 1) {
         return Err(invalid!(
             "`best_of` is not supported on /v1/completions (only 1); use `n`"
@@ -93,21 +83,11 @@ async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Prepared, ApiE
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(invalid!("`suffix` is not supported"));
     }
-    let logprobs = match req.logprobs {
-        None => None,
-        Some(k) if k < 0 || k > limits.max_top_n_tokens as i64 => {
-            return Err(invalid!(
-                "`logprobs` must be between 0 and {} (--max-top-n-tokens), got {k}",
-                limits.max_top_n_tokens
-            ))
-        }
-        Some(k) => Some(k as u32),
-    };
     let max_tokens = req.max_tokens.unwrap_or(16);
     if max_tokens < 0 {
         return Err(invalid!("`max_tokens` must be >= 0, got {max_tokens}"));
     }
-    let prompt_scores = req.echo && logprobs.is_some();
+    let prompt_scores = req.echo && req.logprobs.is_some();
     if prompt_scores && !limits.enable_prefill_logprobs {
         return Err(invalid!("`echo` with `logprobs` (prompt logprobs) needs the server started with --enable-prefill-logprobs"));
     }
@@ -123,19 +103,21 @@ async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Prepared, ApiE
     if prompts.is_empty() {
         return Err(invalid!("`prompt` must not be an empty list"));
     }
-    let mut params = shared.parameters(Some(max_tokens));
-    params.details = logprobs.is_some();
-    params.top_n_tokens = logprobs.filter(|&k| k > 0).map(i64::from);
-    params.decoder_input_details = prompt_scores;
     let multi = prompts.len() > 1;
     let mut valid = Vec::with_capacity(prompts.len());
     for (i, prompt) in prompts.into_iter().enumerate() {
+        let text = Prompt::Text {
+            text: prompt.clone(),
+            add_special_tokens: true,
+        };
+        let mut spec = shared.to_spec(text, Some(max_tokens));
+        spec.scores.top_n_tokens = req.logprobs;
+        spec.scores.prefill_logprobs = prompt_scores;
         let v = ready
             .validator
-            .validate(prompt.clone(), &params, true)
-            .await;
-        let v = v
-            .map_err(|e| openai_names(e, "prompt", "logprobs"))
+            .validate(spec)
+            .await
+            .map_err(|e| e.in_words(&CompletionNames))
             .map_err(|e| {
                 if multi {
                     e.context(&format!("prompt[{i}]"))
@@ -147,34 +129,33 @@ async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Prepared, ApiE
     }
     Ok(Prepared {
         prompts: valid,
-        n,
+        // Validated: 0..=--max-top-n-tokens.
+        logprobs: req.logprobs.map(|k| k as u32),
         echo: req.echo,
-        logprobs,
         include_usage: req.stream_options.is_some_and(|o| o.include_usage),
     })
 }
 
-async fn run(ready: &Ready, p: Prepared) -> Result<CompletionResponse, ApiError> {
+/// Runs a prepared request to the end and builds the answer.
+pub(crate) async fn run(ready: &Ready, p: Prepared) -> Result<CompletionResponse, ApiError> {
     let tokenizer = ready.validator.tokenizer();
     let runs = p.prompts.iter().flat_map(|(prompt, valid)| {
-        (0..p.n).map(move |i| {
-            let request = choice_request(&valid.request, i);
+        (0..valid.generations).map(move |i| {
+            let request = valid.generation(i);
             let tracker = TextTracker::new(tokenizer.clone(), valid.stop.clone());
             async move {
                 let rx = ready.backend.schedule(request)?;
                 let g = collect(rx, tracker).await?;
-                Ok::<_, ApiError>((prompt, valid, g))
+                Ok::<_, ApiError>((prompt, g))
             }
         })
     });
     let results = try_join_all(runs).await?;
-    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+    // A prompt counts once however many choices it has.
+    let prompt_tokens = prompt_tokens(&p);
+    let mut completion_tokens = 0;
     let mut choices = Vec::with_capacity(results.len());
-    for (index, (prompt, valid, g)) in results.into_iter().enumerate() {
-        // A prompt counts once however many choices it has.
-        if (index as u32).is_multiple_of(p.n) {
-            prompt_tokens += valid.request.input_ids.len() as u32;
-        }
+    for (index, (prompt, g)) in results.into_iter().enumerate() {
         completion_tokens += g.tokens.len() as u32;
         let text = if p.echo {
             format!("{prompt}{}", g.text)
@@ -207,6 +188,13 @@ async fn run(ready: &Ready, p: Prepared) -> Result<CompletionResponse, ApiError>
         choices,
         usage: Some(usage(prompt_tokens, completion_tokens)),
     })
+}
+
+fn prompt_tokens(p: &Prepared) -> u32 {
+    p.prompts
+        .iter()
+        .map(|(_, v)| v.request.input_ids.len() as u32)
+        .sum()
 }
 
 /// Adds tokens to OpenAI's parallel lists, the first at character offset `start`;
@@ -248,20 +236,16 @@ fn top_map(
 fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Response, ApiError> {
     let tokenizer = ready.validator.tokenizer().clone();
     let (id, model, created) = (new_id("cmpl"), ready.info.model_id.clone(), now());
-    let prompt_tokens: u32 = p
-        .prompts
-        .iter()
-        .map(|(_, v)| v.request.input_ids.len() as u32)
-        .sum();
+    let prompt_tokens = prompt_tokens(&p);
     let mut choices: Vec<ChoiceStream> = Vec::new();
     // Per choice: the prompt to echo before its first token, and the character offset
     // of its next token.
     let mut echo = Vec::new();
     let mut offsets = Vec::new();
-    for (pi, (prompt, valid)) in p.prompts.iter().enumerate() {
-        for i in 0..p.n {
-            let index = pi as u32 * p.n + i;
-            let rx = ready.backend.schedule(choice_request(&valid.request, i))?;
+    for (prompt, valid) in &p.prompts {
+        for i in 0..valid.generations {
+            let index = choices.len() as u32;
+            let rx = ready.backend.schedule(valid.generation(i))?;
             let tracker = TextTracker::new(tokenizer.clone(), valid.stop.clone());
             choices.push(steps(rx, tracker).map(move |s| (index, s)).boxed());
             echo.push(p.echo.then(|| prompt.clone()));

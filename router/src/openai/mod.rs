@@ -1,7 +1,8 @@
 //! OpenAI-compatible routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models`.
 //!
-//! Both endpoints turn their request into TGI generate parameters and run through the same
-//! validation, scheduler and text tracking as `/generate`; only the wire shapes differ.
+//! Both endpoints turn their request into a `GenerationSpec` and run through the same
+//! validation, scheduler and text tracking as `/generate`; only the wire shapes and the
+//! field names differ.
 
 pub mod chat;
 pub mod completions;
@@ -24,12 +25,11 @@ pub use completions::{__path_completions, completions};
 
 use crate::error::ApiError;
 use crate::generation::Step;
-use crate::infer::{FinishReason, Sampling, ValidRequest};
+use crate::infer::FinishReason;
 use crate::invalid;
+use crate::request::{Field, FieldNames, GenerationSpec, Prompt, SamplingSpec};
 use crate::sse::{done_event, sse_error};
 use crate::state::AppState;
-use crate::tgi::types::GenerateParameters;
-use crate::validation::ValidationLimits;
 use types::{Model, ModelList, StringOrList, Usage};
 
 /// The fields completions and chat share, checked with OpenAI's names.
@@ -45,8 +45,8 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Checks the OpenAI-only rules; returns the number of choices.
-    pub fn check(&self, limits: &ValidationLimits) -> Result<u32, ApiError> {
+    /// The rules only OpenAI has.
+    pub fn check(&self) -> Result<(), ApiError> {
         if let Some(t) = self.temperature {
             if !(0.0..=2.0).contains(&t) {
                 return Err(invalid!("`temperature` must be between 0 and 2, got {t}"));
@@ -65,57 +65,75 @@ impl Shared {
         if !bias_empty {
             return Err(invalid!("`logit_bias` is not supported"));
         }
-        let n = self.n.unwrap_or(1);
-        if n < 1 || n > limits.max_best_of as i64 {
-            return Err(invalid!(
-                "`n` must be between 1 and {} (--max-best-of), got {n}",
-                limits.max_best_of
-            ));
-        }
-        Ok(n as u32)
+        Ok(())
     }
 
-    /// TGI parameters for one choice. Temperature 0 is greedy; unset is OpenAI's 1.0,
-    /// which samples.
-    pub fn parameters(&self, max_new_tokens: Option<i64>) -> GenerateParameters {
+    /// Sonde's request: `n` choices of `prompt`. Temperature 0 is greedy; unset is
+    /// OpenAI's 1.0, which samples.
+    pub fn to_spec(&self, prompt: Prompt, max_new_tokens: Option<i64>) -> GenerationSpec {
         let temperature = self.temperature.unwrap_or(1.0);
-        GenerateParameters {
-            max_new_tokens,
+        let sampling = SamplingSpec {
             do_sample: temperature > 0.0,
             temperature: (temperature > 0.0 && temperature != 1.0).then_some(temperature),
             top_p: if temperature > 0.0 { self.top_p } else { None },
-            frequency_penalty: self.frequency_penalty,
             seed: self.seed,
+            ..SamplingSpec::default()
+        };
+        GenerationSpec {
+            max_new_tokens,
+            sampling,
+            frequency_penalty: self.frequency_penalty,
             stop: self
                 .stop
                 .clone()
                 .map(StringOrList::into_vec)
                 .unwrap_or_default(),
-            ..Default::default()
+            generations: self.n,
+            ..GenerationSpec::new(prompt)
         }
     }
 }
 
-/// Validation speaks TGI's field names; an OpenAI client should read its own.
-pub(crate) fn openai_names(error: ApiError, prompt_field: &str, top_field: &str) -> ApiError {
-    match error {
-        ApiError::Validation(m) => ApiError::Validation(
-            m.replace("`max_new_tokens`", "`max_tokens`")
-                .replace("`inputs`", &format!("`{prompt_field}`"))
-                .replace("`top_n_tokens`", &format!("`{top_field}`"))
-                .replace("`decoder_input_details`", "`echo` with `logprobs`"),
-        ),
-        other => other,
+/// `/v1/completions`' names for the fields it has.
+pub(crate) struct CompletionNames;
+
+impl FieldNames for CompletionNames {
+    fn name(&self, field: Field) -> Option<&'static str> {
+        openai_name(field, "prompt", "logprobs", Some("echo"))
     }
 }
 
-/// Choice `i` of a request: sampled choices get distinct seeds derived from the request's.
-pub(crate) fn choice_request(request: &ValidRequest, i: u32) -> ValidRequest {
-    let mut request = request.clone();
-    if let Sampling::Sample { seed, .. } = &mut request.sampling {
-        *seed = seed.wrapping_add(i as u64);
+/// `/v1/chat/completions`' names for the fields it has.
+pub(crate) struct ChatNames;
+
+impl FieldNames for ChatNames {
+    fn name(&self, field: Field) -> Option<&'static str> {
+        openai_name(field, "messages", "top_logprobs", None)
     }
-    request
+}
+
+/// The names both endpoints share; `prefill` is what asks for prompt scores, if anything.
+fn openai_name(
+    field: Field,
+    prompt: &'static str,
+    top_n_tokens: &'static str,
+    prefill: Option<&'static str>,
+) -> Option<&'static str> {
+    match field {
+        Field::Prompt => Some(prompt),
+        Field::TopNTokens => Some(top_n_tokens),
+        Field::MaxNewTokens => Some("max_tokens"),
+        Field::Generations => Some("n"),
+        Field::PrefillLogprobs => prefill,
+        Field::Temperature | Field::TopP | Field::FrequencyPenalty | Field::Stop => {
+            Some(field.neutral_name())
+        }
+        Field::TopK
+        | Field::TypicalP
+        | Field::RepetitionPenalty
+        | Field::Truncate
+        | Field::LabelIds => None,
+    }
 }
 
 /// One choice's tokens, tagged with the choice's index.

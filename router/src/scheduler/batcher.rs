@@ -4,22 +4,22 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use sonde_proto as pb;
 use tokio::sync::mpsc;
 
 use super::queue::{Budget, Entry, Queue};
 use super::BatchingConfig;
-use crate::client::{finish_reason, to_proto, token_score, ClientError, ShardClients};
+use crate::client::ClientError;
 use crate::error::ApiError;
 use crate::infer::InferEvent;
 use crate::metrics as m;
+use crate::shard::{CachedBatch, Generation, NewBatch, Shard};
 use crate::state::{Health, HealthCell};
 
 /// How often an idle scheduler checks that the shard is alive.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
-pub(super) struct Batcher {
-    client: ShardClients,
+pub(super) struct Batcher<S> {
+    client: S,
     config: BatchingConfig,
     inbox: mpsc::UnboundedReceiver<Entry>,
     queue: Queue,
@@ -27,7 +27,7 @@ pub(super) struct Batcher {
     running: HashMap<u64, Entry>,
     /// Batches the shard holds; more than one only between a prefill and the decode
     /// that merges them.
-    cached: Vec<pb::CachedBatch>,
+    cached: Vec<CachedBatch>,
     health: HealthCell,
     next_request_id: u64,
     next_batch_id: u64,
@@ -40,9 +40,9 @@ enum Step {
     Decode,
 }
 
-impl Batcher {
+impl<S: Shard> Batcher<S> {
     pub(super) fn new(
-        client: ShardClients,
+        client: S,
         config: BatchingConfig,
         health: HealthCell,
         inbox: mpsc::UnboundedReceiver<Entry>,
@@ -163,11 +163,11 @@ impl Batcher {
             let id = self.next_request_id;
             self.next_request_id += 1;
             metrics::counter!(m::INPUT_TOKENS).increment(entry.request.input_ids.len() as u64);
-            requests.push(to_proto(id, &entry.request));
+            requests.push((id, entry.request.clone()));
             ids.push(id);
             self.running.insert(id, entry);
         }
-        let batch = pb::Batch {
+        let batch = NewBatch {
             id: batch_id,
             requests,
         };
@@ -258,16 +258,15 @@ impl Batcher {
 
     /// Hands each generation to its request; forgets the ones that finished (the shard
     /// already dropped them).
-    fn dispatch(&mut self, generations: Vec<pb::Generation>, prefill: bool) {
+    fn dispatch(&mut self, generations: Vec<Generation>, prefill: bool) {
         let now = Instant::now();
         for g in generations {
             let Some(entry) = self.running.get_mut(&g.request_id) else {
                 continue;
             };
-            let finish = g.finish_reason.and_then(finish_reason);
+            let finish = g.finish;
             if prefill {
-                let prompt = g.prefill.into_iter().map(token_score).collect();
-                let _ = entry.tx.send(Ok(InferEvent::Prompt(prompt)));
+                let _ = entry.tx.send(Ok(InferEvent::Prompt(g.prefill)));
             }
             match g.token {
                 Some(token) => {
@@ -279,10 +278,7 @@ impl Batcher {
                     }
                     metrics::counter!(m::GENERATED_TOKENS).increment(1);
                     entry.last_event_at = Some(now);
-                    let _ = entry.tx.send(Ok(InferEvent::Token {
-                        token: token_score(token),
-                        finish,
-                    }));
+                    let _ = entry.tx.send(Ok(InferEvent::Token { token, finish }));
                 }
                 None => {
                     if let Some(reason) = finish {
@@ -336,3 +332,7 @@ fn observe(step: Step, started: Instant, forward_ns: u64) {
         .record(started.elapsed().as_secs_f64());
     metrics::histogram!(m::FORWARD_DURATION, "method" => method).record(forward_ns as f64 * 1e-9);
 }
+
+#[cfg(test)]
+#[path = "batcher_tests.rs"]
+mod tests;

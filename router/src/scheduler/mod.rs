@@ -1,6 +1,5 @@
 //! Continuous batching. `Scheduler` is a cloneable handle; one task (`batcher`) owns the
-//! queue, the running requests and the shard client, and is the only one to call the
-//! shards. Requests arrive on a channel; each gets its events on its own channel, and a
+//! queue, the running requests and the `Shard`, and is the only one to call the shards. Requests arrive on a channel; each gets its events on its own channel, and a
 //! dropped receiver is how a request is cancelled.
 
 mod batcher;
@@ -10,9 +9,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::client::ShardClients;
 use crate::error::ApiError;
 use crate::infer::{Backend, EventReceiver, ValidRequest};
+use crate::shard::Shard;
 use crate::state::HealthCell;
 use queue::Entry;
 
@@ -40,9 +39,9 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Starts the batching task; it ends when every handle is dropped.
-    pub fn spawn(client: ShardClients, config: BatchingConfig, health: HealthCell) -> Self {
+    pub fn spawn(shard: impl Shard, config: BatchingConfig, health: HealthCell) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(batcher::Batcher::new(client, config, health, rx).run());
+        tokio::spawn(batcher::Batcher::new(shard, config, health, rx).run());
         Self { tx }
     }
 }

@@ -106,7 +106,8 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::infer::{LogprobsMode, Sampling, ScoreRequest};
+    use crate::infer::{Sampling, ScoreRequest};
+    use sonde_proto::LogprobsMode;
 
     fn entry(input: usize, max_new: u32) -> (Entry, crate::infer::EventReceiver) {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -117,7 +118,7 @@ mod tests {
             repetition_penalty: None,
             frequency_penalty: None,
             scores: ScoreRequest {
-                top_n: 0,
+                top_n_tokens: 0,
                 prefill_logprobs: false,
                 mode: LogprobsMode::Raw,
                 return_logits: false,

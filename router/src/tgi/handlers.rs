@@ -5,6 +5,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt;
 
+use super::convert;
 use super::respond::{self, Scorer};
 use super::types::{GenerateRequest, GenerateResponse, StreamResponse};
 use crate::error::{ApiError, ErrorBody};
@@ -30,12 +31,9 @@ async fn generate_json(
     req: GenerateRequest,
 ) -> Result<GenerateResponse, ApiError> {
     let ready = state.ready()?;
-    let valid = ready
-        .validator
-        .validate(req.inputs.clone(), &req.parameters, true)
-        .await?;
-    let _permit = state.permit(valid.best_of)?;
-    respond::generate(ready, &valid, &req.inputs).await
+    let prepared = convert::prepare(ready, req).await?;
+    let _permit = state.permit(prepared.generations())?;
+    respond::generate(ready, &prepared).await
 }
 
 /// Generate tokens as Server-Sent Events, one per token; the last carries the text.
@@ -76,24 +74,20 @@ async fn stream(state: AppState, req: GenerateRequest) -> Result<Response, ApiEr
     if req.parameters.best_of.is_some_and(|b| b > 1) {
         return Err(invalid!("`best_of` > 1 cannot be streamed; use /generate"));
     }
-    let valid = ready
-        .validator
-        .validate(req.inputs.clone(), &req.parameters, true)
-        .await?;
-    let permit = state.permit(1)?;
+    let prepared = convert::prepare(ready, req).await?;
+    let permit = state.permit(prepared.generations())?;
     let tokenizer = ready.validator.tokenizer().clone();
-    let rx = ready.backend.schedule(valid.request.clone())?;
-    let tracker = TextTracker::new(tokenizer.clone(), valid.stop.clone());
-    let inputs = req.inputs;
+    let rx = ready.backend.schedule(prepared.valid.generation(0))?;
+    let tracker = TextTracker::new(tokenizer.clone(), prepared.valid.stop.clone());
     let events = steps(rx, tracker).map(move |step| {
         // The permit lives as long as the stream.
         let _held = &permit;
         let scorer = Scorer {
             tokenizer: &tokenizer,
-            label_ids: &valid.request.scores.label_ids,
+            label_ids: &prepared.valid.request.scores.label_ids,
         };
         match step {
-            Ok(step) => json_event(&respond::stream_event(&scorer, &valid, &inputs, &step)),
+            Ok(step) => json_event(&respond::stream_event(&scorer, &prepared, &step)),
             Err(e) => sse_error(&e),
         }
     });

@@ -1,5 +1,6 @@
 //! TGI's API: `/generate`, `/generate_stream` and the `/` compat route.
 
+pub mod convert;
 mod handlers;
 pub mod respond;
 pub mod types;

@@ -3,13 +3,14 @@
 use futures::future::try_join_all;
 use sonde_tokenizer::ModelTokenizer;
 
+use super::convert::Prepared;
 use super::types::{
     BestOfSequence, Details, GenerateResponse, LabelLogprob, PrefillToken, StreamDetails,
     StreamResponse, Token, TopToken,
 };
 use crate::error::ApiError;
 use crate::generation::{collect, json_logprob, Generated, Step, TextTracker};
-use crate::infer::{Sampling, TokenScore};
+use crate::infer::TokenScore;
 use crate::state::Ready;
 use crate::validation::ValidGenerate;
 
@@ -77,18 +78,11 @@ impl Scorer<'_> {
 }
 
 /// Runs one generate request (and its `best_of` candidates) to the end.
-pub async fn generate(
-    ready: &Ready,
-    valid: &ValidGenerate,
-    inputs: &str,
-) -> Result<GenerateResponse, ApiError> {
+pub async fn generate(ready: &Ready, p: &Prepared) -> Result<GenerateResponse, ApiError> {
     let tokenizer = ready.validator.tokenizer();
-    let candidates = (0..valid.best_of.max(1)).map(|i| {
-        let mut request = valid.request.clone();
-        // Every candidate after the first samples with its own seed.
-        if let (true, Sampling::Sample { seed, .. }) = (i > 0, &mut request.sampling) {
-            *seed = rand::random();
-        }
+    let valid = &p.valid;
+    let candidates = (0..valid.generations).map(|i| {
+        let request = valid.generation(i);
         let tracker = TextTracker::new(tokenizer.clone(), valid.stop.clone());
         async move {
             let seed = request.sampling.seed();
@@ -106,24 +100,22 @@ pub async fn generate(
         tokenizer,
         label_ids: &valid.request.scores.label_ids,
     };
-    let text = full_text(valid, inputs, &generated.full_text);
-    // Any score asked for (top_n_tokens, labels, logits) brings `details`: computing
-    // scores and dropping them would be the silent kind of failure this server avoids.
-    if !valid.wants_scores() {
+    let text = full_text(p, &generated.full_text);
+    if !p.params.wants_scores() {
         return Ok(GenerateResponse {
             generated_text: text,
             details: None,
         });
     }
-    let best_of_sequences = (valid.best_of > 1).then(|| {
+    let best_of_sequences = (valid.generations > 1).then(|| {
         results
             .iter()
             .map(|(g, seed)| BestOfSequence {
-                generated_text: full_text(valid, inputs, &g.full_text),
+                generated_text: full_text(p, &g.full_text),
                 finish_reason: g.finish,
                 generated_tokens: g.tokens.len() as u32,
                 seed: *seed,
-                prefill: prefill(&scorer, valid, g),
+                prefill: prefill(&scorer, p, g),
                 tokens: g.tokens.iter().map(|t| scorer.token(t)).collect(),
                 top_tokens: top_tokens(&scorer, valid, g),
             })
@@ -136,7 +128,7 @@ pub async fn generate(
             generated_tokens: generated.tokens.len() as u32,
             seed,
             input_length: valid.request.input_ids.len() as u32,
-            prefill: prefill(&scorer, valid, &generated),
+            prefill: prefill(&scorer, p, &generated),
             tokens: generated.tokens.iter().map(|t| scorer.token(t)).collect(),
             top_tokens: top_tokens(&scorer, valid, &generated),
             best_of_sequences,
@@ -148,16 +140,16 @@ fn sum_logprob(g: &Generated) -> f32 {
     g.tokens.iter().filter_map(|t| t.logprob).sum()
 }
 
-fn full_text(valid: &ValidGenerate, inputs: &str, generated: &str) -> String {
-    if valid.return_full_text {
-        format!("{inputs}{generated}")
+fn full_text(p: &Prepared, generated: &str) -> String {
+    if p.params.return_full_text {
+        format!("{}{generated}", p.inputs)
     } else {
         generated.to_string()
     }
 }
 
-fn prefill(scorer: &Scorer<'_>, valid: &ValidGenerate, g: &Generated) -> Vec<PrefillToken> {
-    if valid.decoder_input_details {
+fn prefill(scorer: &Scorer<'_>, p: &Prepared, g: &Generated) -> Vec<PrefillToken> {
+    if p.params.decoder_input_details {
         g.prompt.iter().map(|t| scorer.prefill(t)).collect()
     } else {
         Vec::new()
@@ -165,24 +157,20 @@ fn prefill(scorer: &Scorer<'_>, valid: &ValidGenerate, g: &Generated) -> Vec<Pre
 }
 
 fn top_tokens(scorer: &Scorer<'_>, valid: &ValidGenerate, g: &Generated) -> Vec<Vec<TopToken>> {
-    if valid.request.scores.top_n == 0 {
+    if valid.request.scores.top_n_tokens == 0 {
         return Vec::new();
     }
     g.tokens.iter().map(|t| scorer.top(t)).collect()
 }
 
 /// One SSE event of `/generate_stream`.
-pub fn stream_event(
-    scorer: &Scorer<'_>,
-    valid: &ValidGenerate,
-    inputs: &str,
-    step: &Step,
-) -> StreamResponse {
+pub fn stream_event(scorer: &Scorer<'_>, p: &Prepared, step: &Step) -> StreamResponse {
+    let valid = &p.valid;
     let (generated_text, details) = match &step.last {
         None => (None, None),
         Some(last) => (
-            Some(full_text(valid, inputs, &last.full_text)),
-            valid.details.then(|| StreamDetails {
+            Some(full_text(p, &last.full_text)),
+            p.params.details.then(|| StreamDetails {
                 finish_reason: last.finish,
                 generated_tokens: last.generated_tokens,
                 seed: valid.request.sampling.seed(),

@@ -4,6 +4,8 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use sonde_proto::LogprobsMode;
+
 use crate::infer::FinishReason;
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -46,7 +48,8 @@ pub struct GenerateParameters {
     pub top_n_tokens: Option<i64>,
     pub best_of: Option<i64>,
     /// Sonde: `raw` (the model's distribution) or `processed` (what was sampled from).
-    pub logprobs_mode: Option<LogprobsModeParam>,
+    #[schema(value_type = Option<String>, pattern = "^(raw|processed)$")]
+    pub logprobs_mode: Option<LogprobsMode>,
     /// Sonde: attach `logit` and `rank` to every token.
     #[serde(default)]
     pub return_logits: bool,
@@ -59,13 +62,6 @@ pub struct GenerateParameters {
     /// Accepted for TGI clients that always send it; must be null.
     pub grammar: Option<serde_json::Value>,
     pub adapter_id: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum LogprobsModeParam {
-    Raw,
-    Processed,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

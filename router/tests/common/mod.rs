@@ -12,10 +12,11 @@ use axum::http::{header, Request, Response, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::Value;
+use sonde_proto::LogprobsMode;
 use sonde_router::config::ServerConfig;
 use sonde_router::error::ApiError;
 use sonde_router::infer::{
-    Backend, EventReceiver, FinishReason, InferEvent, LogprobsMode, TokenScore, ValidRequest,
+    Backend, EventReceiver, FinishReason, InferEvent, TokenScore, ValidRequest,
 };
 use sonde_router::state::{AppState, Info, Ready};
 use sonde_router::validation::{ValidationLimits, Validator};
@@ -113,7 +114,7 @@ fn score(id: u32, logprob: Option<f32>, r: &ValidRequest) -> TokenScore {
     let others = (100u32..).filter(|&o| o != id);
     let top = std::iter::once(id)
         .chain(others)
-        .take(s.top_n as usize)
+        .take(s.top_n_tokens as usize)
         .enumerate()
         .map(|(k, t)| (t, TOKEN_LOGPROB - k as f32))
         .collect();

@@ -4,7 +4,9 @@ use sonde_proto as pb;
 
 use super::sequence::{ScoreSpec, Sequence};
 use crate::error::EngineError;
-use crate::sampling::{score_token, ScoreMode, ScoreOptions, Scratch, TokenScores};
+use sonde_proto::LogprobsMode;
+
+use crate::sampling::{score_token, ScoreOptions, Scratch, TokenScores};
 
 /// Reusable buffers for one step's rows; owned by the engine thread.
 pub struct Scorer {
@@ -52,7 +54,7 @@ impl Scorer {
         row: &[f32],
         token: u32,
     ) -> Result<pb::TokenScores, EngineError> {
-        let opts = options(spec, ScoreMode::Raw);
+        let opts = options(spec, LogprobsMode::Raw);
         let scores = score_token(row, token, &opts, None, &mut self.score)
             .map_err(|e| EngineError::Scoring(e.to_string()))?;
         Ok(to_proto(token, scores))
@@ -67,9 +69,9 @@ pub fn first_prompt_token(token: u32) -> pb::TokenScores {
     }
 }
 
-fn options(spec: &ScoreSpec, mode: ScoreMode) -> ScoreOptions<'_> {
+fn options(spec: &ScoreSpec, mode: LogprobsMode) -> ScoreOptions<'_> {
     ScoreOptions {
-        top_n: spec.top_n,
+        top_n_tokens: spec.top_n_tokens,
         return_logits: spec.return_logits,
         label_ids: &spec.labels,
         mode,
@@ -77,14 +79,16 @@ fn options(spec: &ScoreSpec, mode: ScoreMode) -> ScoreOptions<'_> {
 }
 
 fn to_proto(token: u32, s: TokenScores) -> pb::TokenScores {
-    let (top_ids, top_logprobs) = s.top.into_iter().unzip();
+    let top_tokens = s
+        .top
+        .into_iter()
+        .map(|(id, logprob)| pb::TopToken { id, logprob });
     pb::TokenScores {
         id: token,
         logprob: Some(s.logprob),
         logit: s.logit,
         rank: s.rank,
-        top_ids,
-        top_logprobs,
+        top_tokens: top_tokens.collect(),
         label_logprobs: s.labels,
     }
 }

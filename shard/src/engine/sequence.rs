@@ -5,7 +5,7 @@ use sonde_proto as pb;
 use crate::error::EngineError;
 use crate::loader::ModelFacts;
 use crate::model::SeqCache;
-use crate::sampling::{Sampler, SamplingParams, ScoreMode};
+use crate::sampling::{Sampler, SamplingParams};
 
 /// Most label ids a request may name; each costs a lookup per position.
 pub const MAX_LABEL_TOKENS: usize = 128;
@@ -13,9 +13,9 @@ pub const MAX_LABEL_TOKENS: usize = 128;
 /// What a request asked to have reported, validated.
 #[derive(Debug, Clone)]
 pub struct ScoreSpec {
-    pub top_n: usize,
+    pub top_n_tokens: usize,
     pub prefill_logprobs: bool,
-    pub mode: ScoreMode,
+    pub mode: pb::LogprobsMode,
     pub return_logits: bool,
     pub labels: Vec<u32>,
 }
@@ -123,16 +123,12 @@ impl ValidRequest {
             seed: s.seed,
         };
         sampling.validate().map_err(|e| bad(e.to_string()))?;
-        let mode = match pb::LogprobsMode::try_from(score.logprobs_mode) {
-            Ok(pb::LogprobsMode::Raw) => ScoreMode::Raw,
-            Ok(pb::LogprobsMode::Processed) => ScoreMode::Processed,
-            Err(_) => {
-                return Err(bad(format!(
-                    "scores.logprobs_mode {} is not a known mode",
-                    score.logprobs_mode
-                )))
-            }
-        };
+        let mode = pb::LogprobsMode::try_from(score.logprobs_mode).map_err(|_| {
+            bad(format!(
+                "scores.logprobs_mode {} is not a known mode",
+                score.logprobs_mode
+            ))
+        })?;
         Ok(ValidRequest {
             id,
             input_ids: req.input_ids,
@@ -147,7 +143,7 @@ impl ValidRequest {
                 },
             },
             scores: ScoreSpec {
-                top_n: score.top_n_tokens as usize,
+                top_n_tokens: score.top_n_tokens as usize,
                 prefill_logprobs: score.prefill_logprobs,
                 mode,
                 return_logits: score.return_logits,

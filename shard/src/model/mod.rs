@@ -20,4 +20,4 @@ pub use decoder::{AttentionKernel, Model, SeqSpan, StepInput};
 pub use kv_cache::SeqCache;
 pub use load::Placement;
 pub use spec::{Architecture, ModelSpec, RopeStyle};
-pub use weights::{QuantPolicy, WeightSource};
+pub use weights::WeightSource;

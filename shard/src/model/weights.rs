@@ -13,19 +13,9 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use crate::error::{candle_message, LoadError};
+use sonde_proto::WeightQuant;
 
-/// What to do at load with GGUF block formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum QuantPolicy {
-    /// Serve the blocks exactly as stored: Sonde's CPU kernels multiply every supported
-    /// block format by f32 activations, so scores are those of the file's weights.
-    #[default]
-    Keep,
-    /// Q4_0/Q4_1/Q5_0/Q5_1 matrices become Q8_0 (for devices whose kernels favour it).
-    /// An 8-bit grid per 32 values is finer than a 4-bit one, but the weights change.
-    RequantizeQ8_0,
-}
+use crate::error::{candle_message, LoadError};
 
 /// A projection matrix as stored: quantized blocks, or a dense tensor of the file's dtype.
 pub enum Weight {
@@ -49,14 +39,14 @@ enum Kind {
 pub struct WeightSource {
     file: String,
     kind: Kind,
-    policy: QuantPolicy,
+    policy: WeightQuant,
     used: HashSet<String>,
     /// Block formats of the matrices served, in load order, for the `dtype` of `Info`.
     formats: Vec<String>,
 }
 
 impl WeightSource {
-    pub fn open_gguf(path: &Path, policy: QuantPolicy) -> Result<Self, LoadError> {
+    pub fn open_gguf(path: &Path, policy: WeightQuant) -> Result<Self, LoadError> {
         let file = path.display().to_string();
         let io_err = |source| LoadError::Io {
             path: file.clone(),
@@ -130,7 +120,7 @@ impl WeightSource {
         Ok(WeightSource {
             file,
             kind: Kind::Safetensors { tensors, stored },
-            policy: QuantPolicy::Keep,
+            policy: WeightQuant::Keep,
             used: HashSet::new(),
             formats: Vec::new(),
         })
@@ -204,7 +194,7 @@ impl WeightSource {
             Kind::Gguf { content, reader } => {
                 let mut t = read_gguf(&self.file, content, reader, key, device)?;
                 let stored = t.dtype();
-                let requantize = self.policy == QuantPolicy::RequantizeQ8_0
+                let requantize = self.policy == WeightQuant::Q8_0
                     && matches!(
                         stored,
                         GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1

@@ -33,7 +33,7 @@ pub use order::{argmax, best_first, rank, top_n};
 pub use params::{ParamsError, SamplingParams};
 pub use processors::{processed_logprobs, TokenCounts};
 pub use sampler::{Choice, SampleError, Sampler};
-pub use scores::{score_token, ScoreError, ScoreMode, ScoreOptions, TokenScores};
+pub use scores::{score_token, ScoreError, ScoreOptions, TokenScores};
 pub use softmax::{log_softmax_in_place, log_softmax_into};
 
 /// Reusable buffers for work over one logits row, so a decode step does not allocate

@@ -1,29 +1,22 @@
 //! Scores of one token at one position: generated tokens and prompt positions alike.
 
+use sonde_proto::LogprobsMode;
+
 use super::order::{rank, top_n_keys};
 use super::softmax::log_softmax_into;
 use super::Scratch;
-
-/// Which distribution `logprob`, `top` and `labels` come from (the proto's `LogprobsMode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ScoreMode {
-    /// The model's own probability: log-softmax of the raw logits.
-    #[default]
-    Raw,
-    /// What the token was drawn from: log-softmax after the request's processors.
-    Processed,
-}
 
 /// What to report besides the token's own logprob; the proto's `ScoreOptions`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ScoreOptions<'a> {
     /// Alternatives to report, best first.
-    pub top_n: usize,
+    pub top_n_tokens: usize,
     /// Also report the raw logit and raw rank of the token.
     pub return_logits: bool,
     /// Tokens whose logprobs are reported at every position, in this order.
     pub label_ids: &'a [u32],
-    pub mode: ScoreMode,
+    /// Which distribution `logprob`, `top` and `labels` come from.
+    pub mode: LogprobsMode,
 }
 
 /// The scores of one token at one position.
@@ -36,7 +29,7 @@ pub struct TokenScores {
     /// 1-based rank among the raw logits of the full vocabulary (ties to the smaller id),
     /// with `return_logits`.
     pub rank: Option<u32>,
-    /// `min(top_n, vocabulary)` alternatives `(id, logprob)`, best first, ties to the
+    /// `min(top_n_tokens, vocabulary)` alternatives `(id, logprob)`, best first, ties to the
     /// smaller id. In processed mode entries past the support's size are -inf.
     pub top: Vec<(u32, f32)>,
     /// Logprob of each of `label_ids`, in order.
@@ -56,7 +49,7 @@ pub enum ScoreError {
 
 /// Scores `token` against one row of raw logits.
 ///
-/// `processed_logprobs` matters only in [`ScoreMode::Processed`]; `None` there means no
+/// `processed_logprobs` matters only in [`LogprobsMode::Processed`]; `None` there means no
 /// processor is active, so the processed distribution is the raw one (exactly what
 /// [`super::Choice::processed_logprobs`] and [`super::processed_logprobs`] return). In raw
 /// mode the log-softmax is computed into `scratch`.
@@ -79,7 +72,7 @@ pub fn score_token(
     }
     let Scratch { values, keys, .. } = scratch;
     let logprobs: &[f32] = match (opts.mode, processed_logprobs) {
-        (ScoreMode::Processed, Some(processed)) => {
+        (LogprobsMode::Processed, Some(processed)) => {
             if processed.len() != vocab {
                 return Err(ScoreError::LengthMismatch {
                     vocab,
@@ -102,7 +95,7 @@ pub fn score_token(
         logprob: logprobs[token as usize],
         logit,
         rank,
-        top: top_n_keys(logprobs, opts.top_n, keys),
+        top: top_n_keys(logprobs, opts.top_n_tokens, keys),
         labels: opts
             .label_ids
             .iter()
@@ -129,10 +122,10 @@ mod tests {
         let want = log_softmax_f64(&raw);
         let labels = [3, 1, 3];
         let opts = ScoreOptions {
-            top_n: 4,
+            top_n_tokens: 4,
             return_logits: true,
             label_ids: &labels,
-            mode: ScoreMode::Raw,
+            mode: LogprobsMode::Raw,
         };
         let mut scratch = Scratch::new();
         let s = score_token(&raw, 4, &opts, None, &mut scratch).unwrap();
@@ -179,10 +172,10 @@ mod tests {
 
         let labels = [0, 2];
         let opts = ScoreOptions {
-            top_n: 4,
+            top_n_tokens: 4,
             return_logits: true,
             label_ids: &labels,
-            mode: ScoreMode::Processed,
+            mode: LogprobsMode::Processed,
         };
         let mut scratch = Scratch::new();
         let s = score_token(&raw, 3, &opts, Some(processed), &mut scratch).unwrap();
@@ -200,7 +193,7 @@ mod tests {
 
         // The same request in raw mode ignores the processed row.
         let raw_opts = ScoreOptions {
-            mode: ScoreMode::Raw,
+            mode: LogprobsMode::Raw,
             ..opts
         };
         let r = score_token(&raw, 3, &raw_opts, Some(processed), &mut scratch).unwrap();
@@ -211,12 +204,12 @@ mod tests {
     fn processed_mode_without_processors_is_raw() {
         let raw = [0.3f32, -1.0, 2.0];
         let opts = ScoreOptions {
-            top_n: 3,
-            mode: ScoreMode::Processed,
+            top_n_tokens: 3,
+            mode: LogprobsMode::Processed,
             ..Default::default()
         };
         let raw_opts = ScoreOptions {
-            mode: ScoreMode::Raw,
+            mode: LogprobsMode::Raw,
             ..opts
         };
         let mut scratch = Scratch::new();
@@ -244,7 +237,7 @@ mod tests {
             Err(ScoreError::LabelOutOfRange { id: 7, vocab: 3 })
         );
         let opts = ScoreOptions {
-            mode: ScoreMode::Processed,
+            mode: LogprobsMode::Processed,
             ..Default::default()
         };
         assert_eq!(
@@ -257,7 +250,7 @@ mod tests {
     fn full_vocabulary_top_n() {
         let raw = crate::sampling::test_util::logits(9, 49152, 12.0, 0.01);
         let opts = ScoreOptions {
-            top_n: 20,
+            top_n_tokens: 20,
             return_logits: true,
             ..Default::default()
         };

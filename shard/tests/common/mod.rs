@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use sonde_proto as pb;
+use sonde_proto::WeightQuant;
 use sonde_shard::engine::{Engine, EngineConfig};
 use sonde_shard::loader::{self, LoadOptions};
-use sonde_shard::model::QuantPolicy;
 
 /// Where `scripts/test` puts fetched data and references (`SONDE_DATA_DIR`, else `data/`).
 pub fn data_dir() -> PathBuf {
@@ -27,10 +27,10 @@ pub fn hf_f32_path() -> PathBuf {
 }
 
 pub fn engine(path: &std::path::Path, budget: usize) -> Engine {
-    engine_with(path, budget, QuantPolicy::default())
+    engine_with(path, budget, WeightQuant::default())
 }
 
-pub fn engine_with(path: &std::path::Path, budget: usize, policy: QuantPolicy) -> Engine {
+pub fn engine_with(path: &std::path::Path, budget: usize, policy: WeightQuant) -> Engine {
     engine_opts(path, budget, &LoadOptions::cpu(policy))
 }
 

@@ -1,5 +1,6 @@
-//! The gRPC client of the shards. Every batch call goes to every shard (tensor-parallel
-//! shards each hold a slice of the model); the answer of rank 0 is the one used.
+//! The gRPC client of the shards, the one place of the router that speaks protobuf. Every
+//! batch call goes to every shard (tensor-parallel shards each hold a slice of the model);
+//! the answer of rank 0 is the one used.
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +9,9 @@ use sonde_proto as pb;
 use sonde_proto::text_generation_service_client::TextGenerationServiceClient;
 use tonic::transport::Channel;
 
-use crate::infer::{FinishReason, LogprobsMode, Sampling, TokenScore, ValidRequest};
+use crate::shard::{CachedBatch, NewBatch, Shard, StepOutput};
+
+mod convert;
 
 type Client = TextGenerationServiceClient<Channel>;
 
@@ -100,12 +103,6 @@ impl ShardClients {
             .await
     }
 
-    pub async fn health(&self) -> Result<(), ClientError> {
-        self.all(|mut c| async move { c.health(pb::HealthRequest {}).await })
-            .await
-            .map(|_| ())
-    }
-
     pub async fn warmup(
         &self,
         max_input_tokens: u32,
@@ -120,31 +117,51 @@ impl ShardClients {
             .await?;
         Ok(answer.max_batch_total_tokens)
     }
+}
 
-    pub async fn prefill(&self, batch: pb::Batch) -> Result<pb::PrefillResponse, ClientError> {
-        self.all(|mut c| {
-            let batch = batch.clone();
-            async move { c.prefill(pb::PrefillRequest { batch: Some(batch) }).await }
-        })
-        .await
+impl Shard for ShardClients {
+    async fn health(&self) -> Result<(), ClientError> {
+        self.all(|mut c| async move { c.health(pb::HealthRequest {}).await })
+            .await
+            .map(|_| ())
     }
 
-    pub async fn decode(
-        &self,
-        batches: Vec<pb::CachedBatch>,
-    ) -> Result<pb::DecodeResponse, ClientError> {
-        self.all(|mut c| {
-            let batches = batches.clone();
-            async move { c.decode(pb::DecodeRequest { batches }).await }
-        })
-        .await
+    async fn prefill(&self, batch: NewBatch) -> Result<StepOutput, ClientError> {
+        let batch = convert::batch(&batch);
+        let answer = self
+            .all(|mut c| {
+                let batch = batch.clone();
+                async move { c.prefill(pb::PrefillRequest { batch: Some(batch) }).await }
+            })
+            .await?;
+        Ok(convert::step(
+            answer.generations,
+            answer.batch,
+            answer.forward_ns,
+        ))
     }
 
-    pub async fn filter(
+    async fn decode(&self, batches: Vec<CachedBatch>) -> Result<StepOutput, ClientError> {
+        let batches: Vec<pb::CachedBatch> =
+            batches.into_iter().map(convert::cached_to_proto).collect();
+        let answer = self
+            .all(|mut c| {
+                let batches = batches.clone();
+                async move { c.decode(pb::DecodeRequest { batches }).await }
+            })
+            .await?;
+        Ok(convert::step(
+            answer.generations,
+            answer.batch,
+            answer.forward_ns,
+        ))
+    }
+
+    async fn filter(
         &self,
         batch_id: u64,
         request_ids: Vec<u64>,
-    ) -> Result<pb::CachedBatch, ClientError> {
+    ) -> Result<CachedBatch, ClientError> {
         let answer = self
             .all(|mut c| {
                 let request_ids = request_ids.clone();
@@ -157,80 +174,19 @@ impl ShardClients {
                 }
             })
             .await?;
-        answer.batch.ok_or(ClientError::Status {
-            rank: 0,
-            code: tonic::Code::Internal,
-            message: "FilterBatch answered no batch".to_string(),
-        })
+        answer
+            .batch
+            .map(convert::cached)
+            .ok_or(ClientError::Status {
+                rank: 0,
+                code: tonic::Code::Internal,
+                message: "FilterBatch answered no batch".to_string(),
+            })
     }
 
-    pub async fn clear(&self, id: Option<u64>) -> Result<(), ClientError> {
+    async fn clear(&self, id: Option<u64>) -> Result<(), ClientError> {
         self.all(|mut c| async move { c.clear_cache(pb::ClearCacheRequest { id }).await })
             .await
             .map(|_| ())
-    }
-}
-
-/// The protobuf form of a validated request.
-pub fn to_proto(id: u64, r: &ValidRequest) -> pb::Request {
-    let mut sampling = pb::SamplingParameters {
-        repetition_penalty: r.repetition_penalty.unwrap_or(1.0),
-        frequency_penalty: r.frequency_penalty.unwrap_or(0.0),
-        ..Default::default()
-    };
-    if let Sampling::Sample {
-        temperature,
-        top_k,
-        top_p,
-        typical_p,
-        seed,
-    } = r.sampling
-    {
-        sampling.do_sample = true;
-        sampling.temperature = temperature;
-        sampling.top_k = top_k.unwrap_or(0);
-        sampling.top_p = top_p.unwrap_or(1.0);
-        sampling.typical_p = typical_p.unwrap_or(1.0);
-        sampling.seed = seed;
-    }
-    pb::Request {
-        id,
-        input_ids: r.input_ids.clone(),
-        sampling: Some(sampling),
-        stopping: Some(pb::StoppingParameters {
-            max_new_tokens: r.max_new_tokens,
-            stop_token_ids: Vec::new(),
-            ignore_eos_token: false,
-        }),
-        scores: Some(pb::ScoreOptions {
-            top_n_tokens: r.scores.top_n,
-            prefill_logprobs: r.scores.prefill_logprobs,
-            logprobs_mode: match r.scores.mode {
-                LogprobsMode::Raw => pb::LogprobsMode::Raw,
-                LogprobsMode::Processed => pb::LogprobsMode::Processed,
-            } as i32,
-            return_logits: r.scores.return_logits,
-            logprob_token_ids: r.scores.label_ids.clone(),
-        }),
-    }
-}
-
-pub fn token_score(t: pb::TokenScores) -> TokenScore {
-    TokenScore {
-        id: t.id,
-        logprob: t.logprob,
-        logit: t.logit,
-        rank: t.rank,
-        top: t.top_ids.into_iter().zip(t.top_logprobs).collect(),
-        labels: t.label_logprobs,
-    }
-}
-
-pub fn finish_reason(raw: i32) -> Option<FinishReason> {
-    match pb::FinishReason::try_from(raw).ok()? {
-        pb::FinishReason::Unspecified => None,
-        pb::FinishReason::Length => Some(FinishReason::Length),
-        pb::FinishReason::EosToken => Some(FinishReason::EosToken),
-        pb::FinishReason::StopToken => Some(FinishReason::StopSequence),
     }
 }
