@@ -12,7 +12,7 @@ use sonde_launcher::supervisor::{self, Plan, ShardPlan};
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = LauncherArgs::parse();
-    init_logging(args.json_output);
+    sonde_common::init_logging(args.json_output);
     match launch(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -78,17 +78,4 @@ async fn launch(args: LauncherArgs) -> anyhow::Result<()> {
     supervisor::run(plan).await?;
     tracing::info!("stopped");
     Ok(())
-}
-
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
 }

@@ -109,6 +109,25 @@ pub struct BatchingArgs {
     pub shard_startup_timeout: u64,
 }
 
+/// Everything the router runs with, resolved once from its flags and the environment.
+/// What depends on the model is settled by [`input_limits`] and [`serving`] once the
+/// shard has answered.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    pub server: ServerConfig,
+    pub shards: ShardsConfig,
+    pub limits: LimitArgs,
+    pub batching: BatchingArgs,
+}
+
+/// Where the shards are and how long they may take to come up.
+#[derive(Debug, Clone)]
+pub struct ShardsConfig {
+    pub uds_prefix: PathBuf,
+    pub num_shard: usize,
+    pub startup_timeout: Duration,
+}
+
 /// What the HTTP server itself needs.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -146,7 +165,21 @@ impl VertexEnv {
 }
 
 impl RouterArgs {
-    pub fn server_config(&self, env: &VertexEnv) -> Result<ServerConfig, String> {
+    /// The configuration these flags and `env` make; the error names the bad value.
+    pub fn resolve(&self, env: &VertexEnv) -> Result<RouterConfig, String> {
+        Ok(RouterConfig {
+            server: self.server_config(env)?,
+            shards: ShardsConfig {
+                uds_prefix: self.shard_uds_path.clone(),
+                num_shard: self.num_shard,
+                startup_timeout: Duration::from_secs(self.batching.shard_startup_timeout),
+            },
+            limits: self.limits.clone(),
+            batching: self.batching.clone(),
+        })
+    }
+
+    fn server_config(&self, env: &VertexEnv) -> Result<ServerConfig, String> {
         let port = match env.http_port.as_deref().filter(|p| !p.is_empty()) {
             Some(p) => p
                 .parse()
@@ -188,7 +221,7 @@ impl RouterArgs {
     }
 }
 
-/// What the shard told us about the model.
+/// What the shard told us about the model (`Info`).
 #[derive(Debug, Clone, Copy)]
 pub struct ShardFacts {
     pub max_context: u32,
@@ -196,12 +229,18 @@ pub struct ShardFacts {
     pub max_label_tokens: u32,
 }
 
-/// Limits that need the model's context: TGI's defaults and consistency checks.
-pub fn resolve_limits(
-    args: &RouterArgs,
-    facts: ShardFacts,
-) -> Result<(ValidationLimits, u32), String> {
-    let l = &args.limits;
+/// Prompt limits: what the model's context allows of what the flags ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputLimits {
+    pub max_input_tokens: u32,
+    pub max_total_tokens: u32,
+    pub max_batch_prefill_tokens: u32,
+}
+
+/// TGI's defaults and consistency checks, against the model's context. Needed before
+/// warmup, which runs a prompt within them.
+pub fn input_limits(config: &RouterConfig, facts: &ShardFacts) -> Result<InputLimits, String> {
+    let l = &config.limits;
     let max_total_tokens = l.max_total_tokens.unwrap_or(facts.max_context.min(4096));
     if max_total_tokens > facts.max_context {
         return Err(format!(
@@ -217,7 +256,7 @@ pub fn resolve_limits(
             "--max-input-tokens ({max_input_tokens}) must be at least 1 and below --max-total-tokens ({max_total_tokens})"
         ));
     }
-    let prefill = args
+    let prefill = config
         .batching
         .max_batch_prefill_tokens
         .unwrap_or(max_input_tokens.max(4096));
@@ -227,37 +266,56 @@ pub fn resolve_limits(
              or the longest prompt could never be prefilled"
         ));
     }
-    let limits = ValidationLimits {
+    Ok(InputLimits {
         max_input_tokens,
         max_total_tokens,
-        max_top_n_tokens: l.max_top_n_tokens,
-        max_best_of: l.max_best_of.max(1),
-        max_stop_sequences: l.max_stop_sequences,
-        max_label_tokens: facts.max_label_tokens,
-        enable_prefill_logprobs: l.enable_prefill_logprobs,
-        default_logprobs_mode: l.logprobs_mode,
-        default_max_new_tokens: l.default_max_new_tokens,
-        vocab_size: facts.vocab_size,
-        // Set from the shard's warmup answer by the caller.
-        max_batch_total_tokens: u32::MAX,
-    };
-    Ok((limits, prefill))
+        max_batch_prefill_tokens: prefill,
+    })
 }
 
-/// The batching policy once the shard's KV budget is known.
-pub fn batching_config(
-    args: &RouterArgs,
-    max_batch_prefill_tokens: u32,
-    shard_total: u32,
-) -> BatchingConfig {
-    BatchingConfig {
-        max_batch_prefill_tokens,
-        max_batch_total_tokens: args
-            .batching
-            .max_batch_total_tokens
-            .map_or(shard_total, |t| t.min(shard_total)),
-        waiting_served_ratio: args.batching.waiting_served_ratio,
-        max_waiting_tokens: args.batching.max_waiting_tokens,
-        step_timeout: Duration::from_secs(args.batching.shard_step_timeout.max(1)),
+/// What requests are validated against and how they are batched.
+#[derive(Debug, Clone)]
+pub struct Serving {
+    pub limits: ValidationLimits,
+    pub batching: BatchingConfig,
+}
+
+/// The flags, the model's facts and the shard's KV budget (its warmup answer) combined:
+/// the KV budget is the shard's, or less if `--max-batch-total-tokens` asks for less.
+pub fn serving(
+    config: &RouterConfig,
+    facts: &ShardFacts,
+    input: InputLimits,
+    shard_kv_budget: u32,
+) -> Serving {
+    let (l, b) = (&config.limits, &config.batching);
+    let max_batch_total_tokens = b
+        .max_batch_total_tokens
+        .map_or(shard_kv_budget, |t| t.min(shard_kv_budget));
+    Serving {
+        limits: ValidationLimits {
+            max_input_tokens: input.max_input_tokens,
+            max_total_tokens: input.max_total_tokens,
+            max_top_n_tokens: l.max_top_n_tokens,
+            max_best_of: l.max_best_of.max(1),
+            max_stop_sequences: l.max_stop_sequences,
+            max_label_tokens: facts.max_label_tokens,
+            enable_prefill_logprobs: l.enable_prefill_logprobs,
+            default_logprobs_mode: l.logprobs_mode,
+            default_max_new_tokens: l.default_max_new_tokens,
+            vocab_size: facts.vocab_size,
+            max_batch_total_tokens,
+        },
+        batching: BatchingConfig {
+            max_batch_prefill_tokens: input.max_batch_prefill_tokens,
+            max_batch_total_tokens,
+            waiting_served_ratio: b.waiting_served_ratio,
+            max_waiting_tokens: b.max_waiting_tokens,
+            step_timeout: Duration::from_secs(b.shard_step_timeout.max(1)),
+        },
     }
 }
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

@@ -3,22 +3,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use super::*;
 
 fn tokenizer() -> Arc<ModelTokenizer> {
-    static TOKENIZER: OnceLock<Arc<ModelTokenizer>> = OnceLock::new();
-    TOKENIZER
-        .get_or_init(|| {
-            let data = std::env::var_os("SONDE_DATA_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../data")));
-            let path = data.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-            Arc::new(ModelTokenizer::from_gguf_file(&path).expect("SmolLM2 tokenizer"))
-        })
-        .clone()
+    crate::test_support::smollm2_tokenizer()
 }
 
 fn encode(text: &str) -> Vec<u32> {

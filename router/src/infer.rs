@@ -31,8 +31,8 @@ impl Sampling {
     }
 }
 
-/// What a request asks the shard to score.
-#[derive(Debug, Clone, PartialEq)]
+/// What a request asks the shard to score (by default: only each token's logprob).
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ScoreRequest {
     pub top_n_tokens: u32,
     pub prefill_logprobs: bool,
@@ -53,6 +53,19 @@ pub struct ValidRequest {
 }
 
 impl ValidRequest {
+    /// A greedy request with no penalties and no extra scores: what tests start from.
+    #[cfg(test)]
+    pub fn greedy(input_ids: Vec<u32>, max_new_tokens: u32) -> Self {
+        Self {
+            input_ids,
+            max_new_tokens,
+            sampling: Sampling::Greedy,
+            repetition_penalty: None,
+            frequency_penalty: None,
+            scores: ScoreRequest::default(),
+        }
+    }
+
     /// KV cache tokens the request holds while it runs.
     pub fn reserved_tokens(&self) -> u32 {
         self.input_ids.len() as u32 + self.max_new_tokens

@@ -22,3 +22,6 @@ pub mod state;
 pub mod tgi;
 pub mod validation;
 pub mod vertex;
+
+#[cfg(test)]
+mod test_support;

@@ -8,7 +8,7 @@ use axum::routing::{get, post};
 use axum::{middleware, Router};
 use tokio::net::TcpListener;
 
-use crate::config::{RouterArgs, ServerConfig};
+use crate::config::{RouterConfig, ServerConfig};
 use crate::error::ApiError;
 use crate::state::{AppState, Health};
 use crate::{docs, middleware as mw, openai, ops, startup, tgi, vertex};
@@ -109,17 +109,16 @@ pub async fn bind(config: &ServerConfig) -> std::io::Result<TcpListener> {
 /// refused, and in-flight ones finish (for at most `--graceful-termination-timeout`). Startup (tokenizer, shards, warmup) runs in the
 /// background; if it fails the server stops with its error.
 pub async fn run(
-    args: RouterArgs,
-    config: ServerConfig,
+    config: RouterConfig,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let state = AppState::new(config);
+    let state = AppState::new(config.server.clone());
     let app = app(state.clone()).map_err(anyhow::Error::msg)?;
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<anyhow::Error>();
     let startup_state = state.clone();
     tokio::spawn(async move {
-        if let Err(e) = startup::start(&args, &startup_state).await {
+        if let Err(e) = startup::start(&config, &startup_state).await {
             let _ = failed_tx.send(e);
         }
     });

@@ -10,7 +10,7 @@ use sonde_proto::FlagValue;
 use sonde_tokenizer::ModelTokenizer;
 
 use crate::client::ShardClients;
-use crate::config::{batching_config, resolve_limits, RouterArgs, ShardFacts};
+use crate::config::{input_limits, serving, RouterConfig, Serving, ShardFacts, ShardsConfig};
 use crate::scheduler::Scheduler;
 use crate::shard::Shard;
 use crate::state::{AppState, Info, Ready};
@@ -19,13 +19,12 @@ use crate::validation::Validator;
 /// Prompt tokens of the warmup batch.
 const WARMUP_TOKENS: u32 = 64;
 
-pub async fn start(args: &RouterArgs, state: &AppState) -> anyhow::Result<()> {
-    let model = args.model.clone();
+pub async fn start(config: &RouterConfig, state: &AppState) -> anyhow::Result<()> {
+    let model = config.server.model_path.clone();
     let tokenizer = tokio::task::spawn_blocking(move || load_tokenizer(&model))
         .await
         .context("the tokenizer task failed")??;
-    let deadline = Instant::now() + Duration::from_secs(args.batching.shard_startup_timeout);
-    let client = connect(args, deadline).await?;
+    let client = connect(&config.shards).await?;
     let info = client
         .info()
         .await
@@ -35,22 +34,21 @@ pub async fn start(args: &RouterArgs, state: &AppState) -> anyhow::Result<()> {
         vocab_size: info.vocab_size,
         max_label_tokens: info.max_label_tokens,
     };
-    let (mut limits, prefill_tokens) = resolve_limits(args, facts).map_err(anyhow::Error::msg)?;
+    let input = input_limits(config, &facts).map_err(anyhow::Error::msg)?;
     // The shard allocates KV caches per request as it admits them, so a full-size warmup
     // batch would preallocate nothing; on a CPU it would only cost a minute of startup
     // (quadratic attention over a 4k prompt). A short one runs every kernel once.
-    let warm = WARMUP_TOKENS.min(limits.max_input_tokens);
-    let shard_total = client
+    let warm = WARMUP_TOKENS.min(input.max_input_tokens);
+    let shard_kv_budget = client
         .warmup(warm, warm)
         .await
         .context("warming up the shard")?;
-    let batching = batching_config(args, prefill_tokens, shard_total);
-    limits.max_batch_total_tokens = batching.max_batch_total_tokens;
+    let Serving { limits, batching } = serving(config, &facts, input, shard_kv_budget);
     tracing::info!(
         model = %info.model_id,
         max_input_tokens = limits.max_input_tokens,
         max_total_tokens = limits.max_total_tokens,
-        max_batch_prefill_tokens = prefill_tokens,
+        max_batch_prefill_tokens = batching.max_batch_prefill_tokens,
         max_batch_total_tokens = batching.max_batch_total_tokens,
         "shards warm; serving"
     );
@@ -70,7 +68,7 @@ pub async fn start(args: &RouterArgs, state: &AppState) -> anyhow::Result<()> {
         max_stop_sequences: limits.max_stop_sequences,
         max_top_n_tokens: limits.max_top_n_tokens,
         max_label_tokens: limits.max_label_tokens,
-        max_batch_prefill_tokens: prefill_tokens,
+        max_batch_prefill_tokens: batching.max_batch_prefill_tokens,
         max_batch_total_tokens: batching.max_batch_total_tokens,
         waiting_served_ratio: batching.waiting_served_ratio,
         max_waiting_tokens: batching.max_waiting_tokens,
@@ -102,10 +100,11 @@ fn load_tokenizer(model: &Path) -> anyhow::Result<ModelTokenizer> {
 }
 
 /// The shards start at the same time as the router: retry until their sockets answer.
-async fn connect(args: &RouterArgs, deadline: Instant) -> anyhow::Result<ShardClients> {
+async fn connect(shards: &ShardsConfig) -> anyhow::Result<ShardClients> {
+    let deadline = Instant::now() + shards.startup_timeout;
     let mut last_error = None;
     while Instant::now() < deadline {
-        match ShardClients::connect(&args.shard_uds_path, args.num_shard).await {
+        match ShardClients::connect(&shards.uds_prefix, shards.num_shard).await {
             Ok(client) => match client.health().await {
                 Ok(()) => return Ok(client),
                 Err(e) => last_error = Some(e.to_string()),
@@ -116,8 +115,8 @@ async fn connect(args: &RouterArgs, deadline: Instant) -> anyhow::Result<ShardCl
     }
     Err(anyhow!(
         "no shard answered at {} within --shard-startup-timeout ({} s): {}",
-        sonde_proto::shard_socket(&args.shard_uds_path, 0).display(),
-        args.batching.shard_startup_timeout,
+        sonde_proto::shard_socket(&shards.uds_prefix, 0).display(),
+        shards.startup_timeout.as_secs(),
         last_error.unwrap_or_default()
     ))
 }

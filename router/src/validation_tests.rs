@@ -4,8 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use super::*;
 use crate::error::ApiError;
@@ -13,20 +12,8 @@ use crate::openai::{ChatNames, CompletionNames};
 use crate::tgi::convert::TgiNames;
 use crate::tgi::types::GenerateParameters;
 
-fn data_dir() -> PathBuf {
-    std::env::var_os("SONDE_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../data")))
-}
-
 fn tokenizer() -> Arc<ModelTokenizer> {
-    static TOKENIZER: OnceLock<Arc<ModelTokenizer>> = OnceLock::new();
-    TOKENIZER
-        .get_or_init(|| {
-            let path = data_dir().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-            Arc::new(ModelTokenizer::from_gguf_file(&path).expect("SmolLM2 tokenizer"))
-        })
-        .clone()
+    crate::test_support::smollm2_tokenizer()
 }
 
 const MAX_INPUT: u32 = 100;

@@ -40,7 +40,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_logging(args.json_output);
+    sonde_common::init_logging(args.json_output);
     let device = match args.device {
         Device::Cpu => candle_core::Device::Cpu,
         Device::Cuda => candle_core::Device::new_cuda(0)
@@ -66,35 +66,10 @@ async fn main() -> anyhow::Result<()> {
             uds_path: args.uds_path,
         },
         engine,
-        shutdown_signal(),
+        async {
+            sonde_common::shutdown_signal().await;
+            tracing::info!("shard stopping");
+        },
     )
     .await
-}
-
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
-/// SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-    tracing::info!("shard stopping");
 }

@@ -248,7 +248,7 @@ fn test_model_bad_files_are_refused_by_name() {
         ("bad-attn-q-shape", "blk.0.attn_q.weight"),
     ];
     for (name, needle) in cases {
-        let path = common::data_dir().join(format!("models/test/{name}.gguf"));
+        let path = sonde_testdata::path(&format!("models/test/{name}.gguf"));
         assert!(
             path.is_file(),
             "{} is missing: run scripts/test",

@@ -35,7 +35,7 @@ struct Reference {
 
 /// The default model's reference.
 fn reference() -> Reference {
-    reference_at(&data_dir().join("reference/forward.json"))
+    reference_at(&sonde_testdata::path("reference/forward.json"))
 }
 
 fn reference_at(path: &Path) -> Reference {
@@ -354,7 +354,7 @@ fn gemma3_gguf_matches_float64_reference() {
     check_model(
         "Gemma 3 GGUF",
         &gemma3_path(),
-        &data_dir().join("reference/gemma3/forward.json"),
+        &sonde_testdata::path("reference/gemma3/forward.json"),
     );
 }
 
@@ -365,8 +365,8 @@ fn gemma3_gguf_matches_float64_reference() {
 fn gemma3_f32_safetensors_matches_float64_reference() {
     check_model(
         "Gemma 3 f32 safetensors",
-        &data_dir().join("models/gemma3-hf-f32"),
-        &data_dir().join("reference/gemma3/forward.json"),
+        &sonde_testdata::path("models/gemma3-hf-f32"),
+        &sonde_testdata::path("reference/gemma3/forward.json"),
     );
 }
 
@@ -390,8 +390,8 @@ fn prompt_logprobs(path: &Path, r: &Reference) -> Vec<Vec<Option<f32>>> {
 /// 1e-4 (both are f32 passes over the same values, in different kernels and layouts).
 #[test]
 fn gemma3_gguf_and_safetensors_paths_agree() {
-    let r = reference_at(&data_dir().join("reference/gemma3/forward.json"));
-    let hf = data_dir().join("models/gemma3-hf-f32");
+    let r = reference_at(&sonde_testdata::path("reference/gemma3/forward.json"));
+    let hf = sonde_testdata::path("models/gemma3-hf-f32");
     let mut deltas = Deltas::default();
     for (q, f) in prompt_logprobs(&gemma3_path(), &r)
         .iter()
@@ -417,8 +417,8 @@ fn gemma3_gguf_and_safetensors_paths_agree() {
 
 fn test_model(name: &str) -> (PathBuf, PathBuf) {
     (
-        data_dir().join(format!("models/test/{name}.gguf")),
-        data_dir().join(format!("reference/test-models/{name}.json")),
+        sonde_testdata::path(&format!("models/test/{name}.gguf")),
+        sonde_testdata::path(&format!("reference/test-models/{name}.json")),
     )
 }
 

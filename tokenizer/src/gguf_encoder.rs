@@ -21,6 +21,16 @@ use crate::gguf_vocab::{GgufVocab, TokenType};
 use crate::model_tokenizer::TokenSpan;
 use crate::special_split::{Fragment, SpecialSplitter, SpecialText};
 
+/// How `encode` treats special tokens.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EncodeOptions {
+    /// Add BOS/EOS as the file says.
+    pub add_special: bool,
+    /// Match special tokens written in the text (`<|im_start|>`), as llama.cpp's
+    /// `parse_special = true`; false reads them as the characters they spell.
+    pub parse_special: bool,
+}
+
 /// Token texts that llama.cpp makes control tokens whatever their type in the file (its
 /// "auto-detect special tokens by text" in `llama_vocab::impl::load`: the end-of-turn,
 /// end-of-message, fill-in-the-middle and end-of-generation lists). Gemma 3's user-defined
@@ -147,9 +157,12 @@ impl GgufEncoder {
         &self,
         tokenizer: &Tokenizer,
         text: &str,
-        add_special: bool,
-        parse_special: bool,
+        opts: EncodeOptions,
     ) -> Result<Vec<TokenSpan>, TokenizerError> {
+        let EncodeOptions {
+            add_special,
+            parse_special,
+        } = opts;
         let mut out = Vec::new();
         let mut push = |id: Option<u32>, span: (usize, usize)| {
             if let Some(id) = id {

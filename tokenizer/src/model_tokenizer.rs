@@ -9,7 +9,7 @@ use tokenizers::Tokenizer;
 use crate::chat::{ChatInputs, ChatTemplate};
 use crate::error::TokenizerError;
 use crate::gguf::GgufMetadata;
-use crate::gguf_encoder::GgufEncoder;
+use crate::gguf_encoder::{EncodeOptions, GgufEncoder};
 use crate::gguf_tokenizer;
 use crate::gguf_vocab::GgufVocab;
 use crate::hf;
@@ -125,7 +125,11 @@ impl ModelTokenizer {
         parse_special: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
         if let Some(gguf) = &self.gguf {
-            let spans = gguf.encode(&self.tokenizer, text, add_special_tokens, parse_special)?;
+            let opts = EncodeOptions {
+                add_special: add_special_tokens,
+                parse_special,
+            };
+            let spans = gguf.encode(&self.tokenizer, text, opts)?;
             return Ok(spans.into_iter().map(|s| s.id).collect());
         }
         let tokenizer = if parse_special {
@@ -150,7 +154,11 @@ impl ModelTokenizer {
         add_special_tokens: bool,
     ) -> Result<Vec<TokenSpan>, TokenizerError> {
         if let Some(gguf) = &self.gguf {
-            return gguf.encode(&self.tokenizer, text, add_special_tokens, true);
+            let opts = EncodeOptions {
+                add_special: add_special_tokens,
+                parse_special: true,
+            };
+            return gguf.encode(&self.tokenizer, text, opts);
         }
         let encoding = self.tokenizer.encode(text, add_special_tokens)?;
         Ok(encoding

@@ -24,7 +24,7 @@ mod common;
 fn tokenizer() -> &'static ModelTokenizer {
     static TOKENIZER: OnceLock<ModelTokenizer> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
-        let model = common::data_dir().join("models/gemma-3-270m-q4_k_m.gguf");
+        let model = sonde_testdata::path("models/gemma-3-270m-q4_k_m.gguf");
         assert!(
             model.is_file(),
             "{} is missing: run `scripts/fetch-data gemma` (or scripts/test)",
@@ -40,7 +40,7 @@ fn tokenizer() -> &'static ModelTokenizer {
 fn reference() -> &'static Value {
     static REFERENCE: OnceLock<Value> = OnceLock::new();
     REFERENCE.get_or_init(|| {
-        let path = common::data_dir().join("reference/gemma3-tokenizer/reference.json");
+        let path = sonde_testdata::path("reference/gemma3-tokenizer/reference.json");
         assert!(
             path.is_file(),
             "{} is missing: run scripts/test (it runs scripts/gemma3_tokenizer_reference.py)",

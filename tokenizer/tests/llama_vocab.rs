@@ -14,7 +14,7 @@ use sonde_tokenizer::{ChatInputs, ModelTokenizer, TokenizerError};
 mod common;
 
 fn vocab_dir() -> PathBuf {
-    common::data_dir().join("vocab")
+    sonde_testdata::path("vocab")
 }
 
 fn vocab_file(name: &str) -> PathBuf {

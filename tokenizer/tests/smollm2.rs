@@ -11,19 +11,9 @@ use sonde_tokenizer::{ChatInputs, ModelTokenizer};
 
 mod common;
 
-use common::data_dir;
-
 fn load() -> (ModelTokenizer, Value) {
-    let data = data_dir();
-    let model = data.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let reference = data.join("reference/smollm2.json");
-    for path in [&model, &reference] {
-        assert!(
-            path.is_file(),
-            "{} is missing: run scripts/test",
-            path.display()
-        );
-    }
+    let model = sonde_testdata::smollm2_gguf();
+    let reference = sonde_testdata::path("reference/smollm2.json");
     let tokenizer = ModelTokenizer::from_gguf_file(&model).unwrap();
     let reference = serde_json::from_str(&std::fs::read_to_string(reference).unwrap()).unwrap();
     (tokenizer, reference)
@@ -87,7 +77,8 @@ fn encodes_and_decodes_like_the_reference() {
 #[test]
 fn hugging_face_folder_of_the_same_tokenizer_agrees() {
     let (_, reference) = load();
-    let tokenizer = ModelTokenizer::from_hf_dir(&data_dir().join("reference/smollm2-hf")).unwrap();
+    let tokenizer =
+        ModelTokenizer::from_hf_dir(&sonde_testdata::path("reference/smollm2-hf")).unwrap();
     check_cases(&tokenizer, &reference);
     check_chat(&tokenizer, &reference);
     let special = tokenizer.special_tokens();
@@ -187,7 +178,7 @@ fn token_spans_cover_the_text() {
 #[test]
 fn truncation_and_padding_in_tokenizer_json_are_ignored() {
     let (gguf, _) = load();
-    let src = data_dir().join("reference/smollm2-hf");
+    let src = sonde_testdata::path("reference/smollm2-hf");
     let dir = std::env::temp_dir().join(format!("sonde-trunc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut spec: Value =

@@ -164,13 +164,14 @@ pub(crate) async fn run(ready: &Ready, p: Prepared) -> Result<CompletionResponse
         };
         let logprobs = p.logprobs.map(|k| {
             let mut lp = CompletionLogprobs::default();
+            let listing = Listing { tokenizer, k };
             // Offsets count characters from the start of the prompt, as OpenAI's do.
             let start = if p.echo {
-                append(&mut lp, tokenizer, &g.prompt, k, 0)
+                listing.append(&mut lp, &g.prompt, 0)
             } else {
                 prompt.chars().count() as u32
             };
-            append(&mut lp, tokenizer, &g.tokens, k, start);
+            listing.append(&mut lp, &g.tokens, start);
             lp
         });
         choices.push(CompletionChoice {
@@ -197,40 +198,38 @@ fn prompt_tokens(p: &Prepared) -> u32 {
         .sum()
 }
 
-/// Adds tokens to OpenAI's parallel lists, the first at character offset `start`;
-/// returns the offset after the last.
-fn append(
-    lp: &mut CompletionLogprobs,
-    tokenizer: &ModelTokenizer,
-    tokens: &[TokenScore],
+/// How a choice's tokens are listed: by their text, with `k` alternatives each.
+#[derive(Clone, Copy)]
+struct Listing<'a> {
+    tokenizer: &'a ModelTokenizer,
     k: u32,
-    start: u32,
-) -> u32 {
-    let mut offset = start;
-    for t in tokens {
-        let text = tokenizer.token_text(t.id).unwrap_or_default();
-        lp.text_offset.push(offset);
-        offset += text.chars().count() as u32;
-        lp.tokens.push(text);
-        lp.token_logprobs.push(t.logprob.map(json_logprob));
-        lp.top_logprobs
-            .push(t.logprob.map(|_| top_map(tokenizer, t, k)));
-    }
-    offset
 }
 
-fn top_map(
-    tokenizer: &ModelTokenizer,
-    t: &TokenScore,
-    k: u32,
-) -> serde_json::Map<String, serde_json::Value> {
-    let mut map = serde_json::Map::new();
-    for &(id, lp) in t.top.iter().take(k as usize) {
-        let text = tokenizer.token_text(id).unwrap_or_default();
-        // Sorted descending: the first id with a given text is the more likely one.
-        map.entry(text).or_insert(f32_value(json_logprob(lp)));
+impl Listing<'_> {
+    /// Adds tokens to OpenAI's parallel lists, the first at character offset `start`;
+    /// returns the offset after the last.
+    fn append(self, lp: &mut CompletionLogprobs, tokens: &[TokenScore], start: u32) -> u32 {
+        let mut offset = start;
+        for t in tokens {
+            let text = self.tokenizer.token_text(t.id).unwrap_or_default();
+            lp.text_offset.push(offset);
+            offset += text.chars().count() as u32;
+            lp.tokens.push(text);
+            lp.token_logprobs.push(t.logprob.map(json_logprob));
+            lp.top_logprobs.push(t.logprob.map(|_| self.top_map(t)));
+        }
+        offset
     }
-    map
+
+    fn top_map(self, t: &TokenScore) -> serde_json::Map<String, serde_json::Value> {
+        let mut map = serde_json::Map::new();
+        for &(id, lp) in t.top.iter().take(self.k as usize) {
+            let text = self.tokenizer.token_text(id).unwrap_or_default();
+            // Sorted descending: the first id with a given text is the more likely one.
+            map.entry(text).or_insert(f32_value(json_logprob(lp)));
+        }
+        map
+    }
 }
 
 fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Response, ApiError> {
@@ -275,13 +274,11 @@ fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Re
         }
         let logprobs = logprobs.map(|k| {
             let mut lp = CompletionLogprobs::default();
-            offsets[i] = append(
-                &mut lp,
-                &tokenizer,
-                std::slice::from_ref(&step.token),
+            let listing = Listing {
+                tokenizer: &tokenizer,
                 k,
-                offsets[i],
-            );
+            };
+            offsets[i] = listing.append(&mut lp, std::slice::from_ref(&step.token), offsets[i]);
             lp
         });
         let finish_reason = step.last.as_ref().map(|l| finish_reason(l.finish));

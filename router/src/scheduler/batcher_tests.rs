@@ -12,10 +12,7 @@ use std::time::Duration;
 use super::super::{BatchingConfig, Scheduler};
 use crate::client::ClientError;
 use crate::error::ApiError;
-use crate::infer::{
-    Backend, EventReceiver, FinishReason, InferEvent, Sampling, ScoreRequest, TokenScore,
-    ValidRequest,
-};
+use crate::infer::{Backend, EventReceiver, FinishReason, InferEvent, TokenScore, ValidRequest};
 use crate::shard::{CachedBatch, Generation, NewBatch, Shard, StepOutput};
 use crate::state::{Health, HealthCell};
 
@@ -216,20 +213,7 @@ fn config(max_batch_total_tokens: u32) -> BatchingConfig {
 
 /// A greedy request whose tokens start at `first_token`.
 fn request(first_token: u32, prompt_len: usize, max_new_tokens: u32) -> ValidRequest {
-    ValidRequest {
-        input_ids: vec![first_token; prompt_len],
-        max_new_tokens,
-        sampling: Sampling::Greedy,
-        repetition_penalty: None,
-        frequency_penalty: None,
-        scores: ScoreRequest {
-            top_n_tokens: 0,
-            prefill_logprobs: false,
-            mode: sonde_proto::LogprobsMode::Raw,
-            return_logits: false,
-            label_ids: Vec::new(),
-        },
-    }
+    ValidRequest::greedy(vec![first_token; prompt_len], max_new_tokens)
 }
 
 /// What one request received, to the end of its channel.

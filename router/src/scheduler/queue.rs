@@ -106,25 +106,10 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::infer::{Sampling, ScoreRequest};
-    use sonde_proto::LogprobsMode;
 
     fn entry(input: usize, max_new: u32) -> (Entry, crate::infer::EventReceiver) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let request = ValidRequest {
-            input_ids: vec![1; input],
-            max_new_tokens: max_new,
-            sampling: Sampling::Greedy,
-            repetition_penalty: None,
-            frequency_penalty: None,
-            scores: ScoreRequest {
-                top_n_tokens: 0,
-                prefill_logprobs: false,
-                mode: LogprobsMode::Raw,
-                return_logits: false,
-                label_ids: vec![],
-            },
-        };
+        let request = ValidRequest::greedy(vec![1; input], max_new);
         (Entry::new(request, tx), rx)
     }
 

@@ -25,10 +25,7 @@ use tokio::sync::mpsc;
 use tower::ServiceExt;
 
 pub fn model_path() -> PathBuf {
-    std::env::var_os("SONDE_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../data")))
-        .join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    sonde_testdata::smollm2_gguf()
 }
 
 pub fn tokenizer() -> Arc<ModelTokenizer> {

@@ -10,20 +10,13 @@ use sonde_proto::WeightQuant;
 use sonde_shard::engine::{Engine, EngineConfig};
 use sonde_shard::loader::{self, LoadOptions};
 
-/// Where `scripts/test` puts fetched data and references (`SONDE_DATA_DIR`, else `data/`).
-pub fn data_dir() -> PathBuf {
-    std::env::var_os("SONDE_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data"))
-}
-
 pub fn gguf_path() -> PathBuf {
-    data_dir().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    sonde_testdata::smollm2_gguf()
 }
 
 /// The GGUF dequantized to an f32 Hugging Face folder by `scripts/gguf_to_hf.py`.
 pub fn hf_f32_path() -> PathBuf {
-    data_dir().join("models/smollm2-hf-f32")
+    sonde_testdata::path("models/smollm2-hf-f32")
 }
 
 pub fn engine(path: &std::path::Path, budget: usize) -> Engine {
@@ -133,5 +126,5 @@ pub fn run_one(engine: &mut Engine, req: Req) -> Outcome {
 
 /// Gemma 3 270M Q4_K_M, the second real model (`scripts/fetch-data gemma`).
 pub fn gemma3_path() -> PathBuf {
-    data_dir().join("models/gemma-3-270m-q4_k_m.gguf")
+    sonde_testdata::path("models/gemma-3-270m-q4_k_m.gguf")
 }

@@ -9,16 +9,7 @@ use std::collections::BTreeSet;
 use candle_core::quantized::gguf_file;
 
 fn model_path(file: &str) -> std::path::PathBuf {
-    let data = std::env::var_os("SONDE_DATA_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data"));
-    let path = data.join("models").join(file);
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/fetch-data (or set SONDE_DATA_DIR)",
-        path.display()
-    );
-    path
+    sonde_testdata::path(&format!("models/{file}"))
 }
 
 /// At most this many rows of a matrix are compared one by one (spread over it), so that
