@@ -7,6 +7,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// The tests of this binary run one at a time: the first one reads the launcher's log
+/// lines through a thread-scoped subscriber, and tracing's per-callsite interest cache,
+/// filled by another test's thread at the same moment, can drop them (a flake seen in CI).
+pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
 use sonde_launcher::model::{GcsOptions, HubOptions, ProgressStyle, ResolveConfig};
 
 pub const GGUF_KEY: &str = "models/tiny.gguf";

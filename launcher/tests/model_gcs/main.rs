@@ -4,11 +4,12 @@
 
 mod fake_gcs;
 
-use fake_gcs::{bytes, leftovers, write, FakeGcs, Logs, BIG, GGUF_KEY};
+use fake_gcs::{bytes, leftovers, one_at_a_time, write, FakeGcs, Logs, BIG, GGUF_KEY};
 use sonde_launcher::model::{resolve, ResolveError};
 
 #[tokio::test]
 async fn gguf_object_is_downloaded_with_progress_then_reused() {
+    let _serial = one_at_a_time().await;
     let mut gcs = FakeGcs::start();
     let cache = tempfile::tempdir().unwrap();
     let cfg = gcs.config("gs://bucket/models/tiny.gguf", cache.path());
@@ -19,6 +20,9 @@ async fn gguf_object_is_downloaded_with_progress_then_reused() {
         .with_writer(move || sink.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
+    // Callsites another test registered before this subscriber existed keep a stale
+    // interest until rebuilt.
+    tracing::callsite::rebuild_interest_cache();
 
     let model = resolve(&cfg).await.unwrap();
     let dest = cache.path().join("gcs/bucket/models/tiny.gguf");
@@ -58,6 +62,7 @@ async fn gguf_object_is_downloaded_with_progress_then_reused() {
 
 #[tokio::test]
 async fn folder_is_downloaded_keeping_relative_paths_and_refreshed_when_changed() {
+    let _serial = one_at_a_time().await;
     let gcs = FakeGcs::start();
     let cache = tempfile::tempdir().unwrap();
     let cfg = gcs.config("gs://bucket/models/hf/", cache.path());
@@ -98,6 +103,7 @@ async fn folder_is_downloaded_keeping_relative_paths_and_refreshed_when_changed(
 
 #[tokio::test]
 async fn interrupted_file_download_leaves_nothing_and_retry_succeeds() {
+    let _serial = one_at_a_time().await;
     let gcs = FakeGcs::start();
     let cache = tempfile::tempdir().unwrap();
     let cfg = gcs.config("gs://bucket/models/tiny.gguf", cache.path());
@@ -127,6 +133,7 @@ async fn interrupted_file_download_leaves_nothing_and_retry_succeeds() {
 
 #[tokio::test]
 async fn interrupted_folder_download_leaves_nothing_and_retry_succeeds() {
+    let _serial = one_at_a_time().await;
     let gcs = FakeGcs::start();
     let cache = tempfile::tempdir().unwrap();
     let cfg = gcs.config("gs://bucket/models/hf", cache.path());
@@ -143,6 +150,7 @@ async fn interrupted_folder_download_leaves_nothing_and_retry_succeeds() {
 
 #[tokio::test]
 async fn missing_or_unusable_objects_are_clear_errors() {
+    let _serial = one_at_a_time().await;
     let gcs = FakeGcs::start();
     let cache = tempfile::tempdir().unwrap();
     for uri in [
