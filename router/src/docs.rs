@@ -10,7 +10,7 @@ use utoipa::{Modify, OpenApi};
 use crate::error::ErrorBody;
 use crate::openai::types as oai;
 use crate::tgi::types as tgi;
-use crate::{ops, state, vertex};
+use crate::{ops, state, tokens, vertex};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -19,14 +19,17 @@ use crate::{ops, state, vertex};
         crate::tgi::generate, crate::tgi::generate_stream, crate::tgi::compat,
         crate::vertex::predict,
         crate::openai::completions, crate::openai::chat_completions, crate::openai::models,
-        ops::health, ops::info, ops::metrics, ops::tokenize,
+        ops::health, ops::info, ops::metrics, tokens::tokenize, tokens::detokenize,
+        tokens::tokenizer_info,
     ),
     components(schemas(
         ErrorBody, tgi::GenerateRequest, tgi::GenerateParameters, tgi::GenerateResponse, tgi::Details,
         tgi::Token, tgi::PrefillToken, tgi::TopToken, tgi::LabelLogprob, tgi::StreamResponse,
         tgi::StreamDetails, tgi::BestOfSequence, vertex::PredictRequest, vertex::PredictResponse,
         oai::CompletionRequest, oai::CompletionResponse, oai::ChatRequest, oai::ChatResponse,
-        oai::ChatChunk, oai::ModelList, state::Info, ops::TokenizeRequest, ops::SimpleToken,
+        oai::ChatChunk, oai::ModelList, state::Info, tokens::TokenizeRequest, tokens::SimpleToken,
+        tokens::TokenizeResponse, tokens::DetokenizeRequest, tokens::DetokenizeResponse,
+        tokens::TokenizerInfo,
     )),
     tags((name = "TGI"), (name = "Vertex AI"), (name = "OpenAI"), (name = "Ops")),
     modifiers(&SharedAnswers)
@@ -66,7 +69,7 @@ fn shared_answers(path: &str, post: bool) -> Vec<(u16, &'static str)> {
     match path {
         "/health" | "/info" | "/metrics" | "/api-doc/openapi.json" | "/docs" => {}
         "/v1/models" => out.push(AUTH),
-        "/tokenize" => out.extend([AUTH, NOT_READY]),
+        "/tokenize" | "/detokenize" | "/tokenizer_info" => out.extend([AUTH, NOT_READY]),
         // A failure after the stream started is its last event, inside the 200.
         "/generate_stream" => out.extend([AUTH, NOT_READY, BUSY]),
         _ => out.extend([AUTH, NOT_READY, BUSY, SHARD]),

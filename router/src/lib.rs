@@ -20,6 +20,7 @@ pub mod sse;
 pub mod startup;
 pub mod state;
 pub mod tgi;
+pub mod tokens;
 pub mod validation;
 pub mod vertex;
 

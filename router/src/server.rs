@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use crate::config::{RouterConfig, ServerConfig};
 use crate::error::ApiError;
 use crate::state::{AppState, Health};
-use crate::{docs, middleware as mw, openai, ops, startup, tgi, vertex};
+use crate::{docs, middleware as mw, openai, ops, startup, tgi, tokens, vertex};
 
 /// Every route, once. Vertex's invoke routes forward `/invoke/<path>` unchanged, so the
 /// same routes are mounted under `/invoke` too.
@@ -23,6 +23,8 @@ pub fn app(state: AppState) -> Result<Router, String> {
         "/",
         "/vertex",
         "/tokenize",
+        "/detokenize",
+        "/tokenizer_info",
         "/info",
         "/metrics",
         "/docs",
@@ -53,7 +55,9 @@ pub fn app(state: AppState) -> Result<Router, String> {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))
-        .route("/tokenize", post(ops::tokenize));
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
+        .route("/tokenizer_info", get(tokens::tokenizer_info));
     if cfg.predict_route != "/vertex" {
         inference = inference.route(&cfg.predict_route, post(vertex::predict));
     }

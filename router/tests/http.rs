@@ -433,3 +433,139 @@ async fn a_held_stream_takes_the_only_permit() {
     drop(held);
     assert_eq!(post_json(&app, "/generate", body).await.0, StatusCode::OK);
 }
+
+/// lm-evaluation-harness's loglikelihood call: token-id lists, `echo`, `logprobs: 1`,
+/// `max_tokens: 1`. Each list is one choice, in order, scored on exactly those ids.
+#[tokio::test]
+async fn openai_completions_take_token_id_prompts() {
+    let fake = FakeBackend::default();
+    let app = app(&fake);
+    let hello = tokenizer().encode("Hello there", false).unwrap();
+    let sea = tokenizer().encode(" the sea", false).unwrap();
+    let body = json!({"prompt": [hello, sea], "max_tokens": 1, "logprobs": 1, "echo": true,
+                      "temperature": 0, "seed": 1234});
+    let (s, b) = post_json(&app, "/v1/completions", body).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let asked: Vec<Vec<u32>> = fake.requests().into_iter().map(|r| r.input_ids).collect();
+    assert_eq!(asked, [hello.clone(), sea.clone()]);
+    for (i, ids) in [&hello, &sea].into_iter().enumerate() {
+        let c = &b["choices"][i];
+        assert_eq!(c["index"], i);
+        let lp = &c["logprobs"];
+        // Every prompt position (the first has none) and the generated token.
+        assert_eq!(len(&lp["token_logprobs"]), ids.len() + 1);
+        assert_eq!(lp["token_logprobs"][0], Value::Null);
+        // The echoed text is the ids' text, then the generated token's.
+        let text = tokenizer().decode(ids, false).unwrap();
+        assert_eq!(c["text"], format!("{text}{}", script_text(1)));
+    }
+    // One list of ids is one prompt.
+    let (s, b) = post_json(
+        &app,
+        "/v1/completions",
+        json!({"prompt": hello, "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(len(&b["choices"]), 1);
+    assert_eq!(fake.last().input_ids, hello);
+}
+
+#[tokio::test]
+async fn openai_prompts_of_the_wrong_shape_or_vocabulary_are_named() {
+    let fake = FakeBackend::default();
+    let app = app(&fake);
+    let vocab = tokenizer().vocab_size();
+    for bad in [
+        json!(5),
+        json!([1, "a"]),
+        json!([[1], "a"]),
+        json!([1.5]),
+        json!({"a": 1}),
+        json!([null]),
+    ] {
+        let (s, b) = post_json(&app, "/v1/completions", json!({"prompt": bad})).await;
+        assert_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        let e = error_text(&b);
+        assert!(
+            e.contains("`prompt`") || e.starts_with("prompt"),
+            "{bad}: {e}"
+        );
+        assert!(
+            e.contains("a list of token-id lists") && !e.contains("variant"),
+            "{bad}: {e}"
+        );
+    }
+    let (s, b) = post_json(
+        &app,
+        "/v1/completions",
+        json!({"prompt": [[1, 2], [vocab]]}),
+    )
+    .await;
+    assert_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    let want = format!("prompt[1]: `prompt` holds {vocab}, outside the vocabulary (0..{vocab})");
+    assert_eq!(error_text(&b), want);
+    let (s, b) = post_json(&app, "/v1/completions", json!({"prompt": [[]]})).await;
+    assert_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    assert!(error_text(&b).contains("must not be empty"), "{b}");
+    assert!(fake.requests().is_empty());
+}
+
+/// vLLM's remote-tokenizer contract, as lm-evaluation-harness's `RemoteTokenizer` uses it.
+#[tokio::test]
+async fn the_remote_tokenizer_contract() {
+    let fake = FakeBackend::default();
+    let app = app(&fake);
+    let t = tokenizer();
+    let text = "<|im_start|>user\nHi<|im_end|>";
+    let body = json!({"prompt": text, "add_special_tokens": false});
+    let (s, b) = post_json(&app, "/tokenize", body).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let want = t.encode(text, false).unwrap();
+    assert_eq!(b["tokens"], json!(want));
+    assert_eq!(b["count"], want.len());
+    assert_eq!(b["max_model_len"], limits().max_total_tokens);
+    // TGI's shape is unchanged.
+    let (s, b) = post_json(&app, "/tokenize", json!({"inputs": text})).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(
+        ids_of(&b),
+        want.iter().map(|&i| i as u64).collect::<Vec<_>>()
+    );
+    for both in [
+        json!({"inputs": "a", "prompt": "a"}),
+        json!({}),
+        json!({"inputs": "a", "add_special_tokens": true}),
+    ] {
+        let (s, b) = post_json(&app, "/tokenize", both).await;
+        assert_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    }
+
+    let (s, b) = post_json(&app, "/detokenize", json!({"tokens": want})).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["prompt"], text);
+    let vocab = t.vocab_size();
+    let (s, b) = post_json(&app, "/detokenize", json!({"tokens": [1, vocab]})).await;
+    assert_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    assert!(
+        error_text(&b).contains(&format!("`tokens` holds {vocab}")),
+        "{b}"
+    );
+
+    let (s, info) = call(&app, get("/tokenizer_info")).await;
+    assert_eq!(s, StatusCode::OK, "{info}");
+    let special = t.special_tokens();
+    let eos = t.token_text(special.eos[0]).unwrap();
+    assert_eq!(info["eos_token"], eos);
+    // What the harness derives from it: the eos id, by tokenizing its text.
+    let (_, b) = post_json(
+        &app,
+        "/tokenize",
+        json!({"prompt": eos, "add_special_tokens": false}),
+    )
+    .await;
+    assert_eq!(b["tokens"], json!([special.eos[0]]));
+    assert_eq!(info["add_bos_token"], special.add_bos);
+    assert_eq!(info["chat_template"], t.chat_template().unwrap().source());
+    assert_eq!(info["vocab_size"], vocab);
+}

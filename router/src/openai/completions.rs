@@ -10,7 +10,7 @@ use sonde_tokenizer::ModelTokenizer;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::types::{
-    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage,
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptInput, Usage,
 };
 use super::{
     finish_reason, merge_choices, new_id, now, usage, ChoiceStream, CompletionNames, Shared,
@@ -99,18 +99,27 @@ pub(crate) async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Pre
     if req.stream && prompt_scores {
         return Err(invalid!("`echo` with `logprobs` cannot be streamed"));
     }
-    let prompts = req.prompt.into_vec();
+    let prompts: Vec<Prompt> = match req.prompt {
+        PromptInput::Texts(texts) => texts
+            .into_iter()
+            .map(|text| Prompt::Text {
+                text,
+                add_special_tokens: true,
+            })
+            .collect(),
+        PromptInput::TokenIds(lists) => lists.into_iter().map(Prompt::Ids).collect(),
+    };
     if prompts.is_empty() {
         return Err(invalid!("`prompt` must not be an empty list"));
     }
     let multi = prompts.len() > 1;
     let mut valid = Vec::with_capacity(prompts.len());
     for (i, prompt) in prompts.into_iter().enumerate() {
-        let text = Prompt::Text {
-            text: prompt.clone(),
-            add_special_tokens: true,
+        let text = match &prompt {
+            Prompt::Text { text, .. } => Some(text.clone()),
+            Prompt::Ids(_) => None,
         };
-        let mut spec = shared.to_spec(text, Some(max_tokens));
+        let mut spec = shared.to_spec(prompt, Some(max_tokens));
         spec.scores.top_n_tokens = req.logprobs;
         spec.scores.prefill_logprobs = prompt_scores;
         let v = ready
@@ -125,7 +134,16 @@ pub(crate) async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Pre
                     e
                 }
             })?;
-        valid.push((prompt, v));
+        // Token ids are echoed as the text they decode to.
+        let text = match text {
+            Some(text) => text,
+            None => ready
+                .validator
+                .tokenizer()
+                .decode(&v.request.input_ids, false)
+                .map_err(|e| ApiError::Internal(format!("decoding a token-id prompt: {e}")))?,
+        };
+        valid.push((text, v));
     }
     Ok(Prepared {
         prompts: valid,

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-/// A string or a list of strings (`prompt`, `stop`).
+/// A string or a list of strings (`stop`).
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum StringOrList {
@@ -21,6 +21,72 @@ impl StringOrList {
     }
 }
 
+/// `prompt` of `/v1/completions`: one prompt or several, each text or token ids, as
+/// OpenAI takes them. Read by hand so a wrong shape gets a sentence naming the shapes,
+/// not serde's "did not match any variant".
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Texts(Vec<String>),
+    TokenIds(Vec<Vec<i64>>),
+}
+
+impl PromptInput {
+    pub const SHAPES: &'static str =
+        "a string, a list of strings, a list of token ids or a list of token-id lists";
+
+    fn from_json(value: Value) -> Option<Self> {
+        let ids =
+            |v: &Value| -> Option<Vec<i64>> { v.as_array()?.iter().map(Value::as_i64).collect() };
+        match value {
+            Value::String(s) => Some(PromptInput::Texts(vec![s])),
+            Value::Array(items) => match items.first() {
+                // An empty list is a list of no prompts, refused with its own sentence.
+                None => Some(PromptInput::Texts(Vec::new())),
+                Some(Value::String(_)) => items
+                    .into_iter()
+                    .map(|v| match v {
+                        Value::String(s) => Some(s),
+                        _ => None,
+                    })
+                    .collect::<Option<_>>()
+                    .map(PromptInput::Texts),
+                Some(Value::Number(_)) => {
+                    ids(&Value::Array(items)).map(|p| PromptInput::TokenIds(vec![p]))
+                }
+                Some(Value::Array(_)) => items
+                    .iter()
+                    .map(ids)
+                    .collect::<Option<_>>()
+                    .map(PromptInput::TokenIds),
+                Some(_) => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PromptInput {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        PromptInput::from_json(value)
+            .ok_or_else(|| serde::de::Error::custom(format!("must be {}", PromptInput::SHAPES)))
+    }
+}
+
+/// The OpenAPI schema of `prompt`: its four shapes.
+fn prompt_schema() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+    let string = || ObjectBuilder::new().schema_type(Type::String);
+    let integer = || ObjectBuilder::new().schema_type(Type::Integer);
+    let one_of = OneOfBuilder::new()
+        .item(string())
+        .item(ArrayBuilder::new().items(string()))
+        .item(ArrayBuilder::new().items(integer()))
+        .item(ArrayBuilder::new().items(ArrayBuilder::new().items(integer())))
+        .build();
+    Schema::OneOf(one_of)
+}
+
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StreamOptions {
@@ -31,8 +97,11 @@ pub struct StreamOptions {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompletionRequest {
-    #[schema(value_type = String)]
-    pub prompt: StringOrList,
+    /// A string, a list of strings, a list of token ids or a list of token-id lists: one
+    /// choice per prompt (times `n`), in order. Token ids are taken as they are (no BOS
+    /// added).
+    #[schema(schema_with = prompt_schema)]
+    pub prompt: PromptInput,
     /// Default 16 (OpenAI's); 0 with `echo` and `logprobs` scores the prompt.
     pub max_tokens: Option<i64>,
     /// Top alternatives per position (0 = only the chosen token's logprob).
