@@ -20,7 +20,7 @@ use crate::generation::{collect, json_logprob, steps, Step, TextTracker};
 use crate::infer::TokenScore;
 use crate::invalid;
 use crate::json::ApiJson;
-use crate::request::Prompt;
+use crate::request::{GenerationSpec, Prompt};
 use crate::sse::{json_event, sse};
 use crate::state::{AppState, Ready};
 use crate::validation::ValidGenerate;
@@ -63,7 +63,7 @@ impl Prepared {
 
 /// Checks and validates a request (also a Vertex instance, which must not stream).
 pub(crate) async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Prepared, ApiError> {
-    let limits = ready.validator.limits();
+    let max_tokens = check(&req, ready.validator.limits().enable_prefill_logprobs)?;
     let shared = Shared {
         temperature: req.temperature,
         top_p: req.top_p,
@@ -75,30 +75,6 @@ pub(crate) async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Pre
         logit_bias: req.logit_bias,
     };
     shared.check()?;
-    if req.best_of.is_some_and(|b| b != 1) {
-        return Err(invalid!(
-            "`best_of` is not supported on /v1/completions (only 1); use `n`"
-        ));
-    }
-    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(invalid!("`suffix` is not supported"));
-    }
-    let max_tokens = req.max_tokens.unwrap_or(16);
-    if max_tokens < 0 {
-        return Err(invalid!("`max_tokens` must be >= 0, got {max_tokens}"));
-    }
-    let prompt_scores = req.echo && req.logprobs.is_some();
-    if prompt_scores && !limits.enable_prefill_logprobs {
-        return Err(invalid!("`echo` with `logprobs` (prompt logprobs) needs the server started with --enable-prefill-logprobs"));
-    }
-    if max_tokens == 0 && !prompt_scores {
-        return Err(invalid!(
-            "`max_tokens` 0 is only allowed with `echo` and `logprobs` (scoring the prompt)"
-        ));
-    }
-    if req.stream && prompt_scores {
-        return Err(invalid!("`echo` with `logprobs` cannot be streamed"));
-    }
     let prompts: Vec<Prompt> = match req.prompt {
         PromptInput::Texts(texts) => texts
             .into_iter()
@@ -115,35 +91,17 @@ pub(crate) async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Pre
     let multi = prompts.len() > 1;
     let mut valid = Vec::with_capacity(prompts.len());
     for (i, prompt) in prompts.into_iter().enumerate() {
-        let text = match &prompt {
-            Prompt::Text { text, .. } => Some(text.clone()),
-            Prompt::Ids(_) => None,
-        };
         let mut spec = shared.to_spec(prompt, Some(max_tokens));
         spec.scores.top_n_tokens = req.logprobs;
-        spec.scores.prefill_logprobs = prompt_scores;
-        let v = ready
-            .validator
-            .validate(spec)
-            .await
-            .map_err(|e| e.in_words(&CompletionNames))
-            .map_err(|e| {
-                if multi {
-                    e.context(&format!("prompt[{i}]"))
-                } else {
-                    e
-                }
-            })?;
-        // Token ids are echoed as the text they decode to.
-        let text = match text {
-            Some(text) => text,
-            None => ready
-                .validator
-                .tokenizer()
-                .decode(&v.request.input_ids, false)
-                .map_err(|e| ApiError::Internal(format!("decoding a token-id prompt: {e}")))?,
+        spec.scores.prefill_logprobs = req.echo && req.logprobs.is_some();
+        let named = |e: ApiError| {
+            if multi {
+                e.context(&format!("prompt[{i}]"))
+            } else {
+                e
+            }
         };
-        valid.push((text, v));
+        valid.push(validate(ready, spec).await.map_err(named)?);
     }
     Ok(Prepared {
         prompts: valid,
@@ -152,6 +110,58 @@ pub(crate) async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Pre
         echo: req.echo,
         include_usage: req.stream_options.is_some_and(|o| o.include_usage),
     })
+}
+
+/// The rules only `/v1/completions` has; returns `max_tokens` (OpenAI's default 16).
+fn check(req: &CompletionRequest, prefill_enabled: bool) -> Result<i64, ApiError> {
+    if req.best_of.is_some_and(|b| b != 1) {
+        return Err(invalid!(
+            "`best_of` is not supported on /v1/completions (only 1); use `n`"
+        ));
+    }
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(invalid!("`suffix` is not supported"));
+    }
+    let max_tokens = req.max_tokens.unwrap_or(16);
+    if max_tokens < 0 {
+        return Err(invalid!("`max_tokens` must be >= 0, got {max_tokens}"));
+    }
+    let prompt_scores = req.echo && req.logprobs.is_some();
+    if prompt_scores && !prefill_enabled {
+        return Err(invalid!("`echo` with `logprobs` (prompt logprobs) needs the server started with --enable-prefill-logprobs"));
+    }
+    if max_tokens == 0 && !prompt_scores {
+        return Err(invalid!(
+            "`max_tokens` 0 is only allowed with `echo` and `logprobs` (scoring the prompt)"
+        ));
+    }
+    if req.stream && prompt_scores {
+        return Err(invalid!("`echo` with `logprobs` cannot be streamed"));
+    }
+    Ok(max_tokens)
+}
+
+/// One prompt's request, with the text `echo` shows: the prompt's own, or for token ids
+/// the text they decode to.
+async fn validate(
+    ready: &Ready,
+    spec: GenerationSpec,
+) -> Result<(String, ValidGenerate), ApiError> {
+    let text = match &spec.prompt {
+        Prompt::Text { text, .. } => Some(text.clone()),
+        Prompt::Ids(_) => None,
+    };
+    let valid = ready.validator.validate(spec).await;
+    let valid = valid.map_err(|e| e.in_words(&CompletionNames))?;
+    let text = match text {
+        Some(text) => text,
+        None => ready
+            .validator
+            .tokenizer()
+            .decode(&valid.request.input_ids, false)
+            .map_err(|e| ApiError::Internal(format!("decoding a token-id prompt: {e}")))?,
+    };
+    Ok((text, valid))
 }
 
 /// Runs a prepared request to the end and builds the answer.
