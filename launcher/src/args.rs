@@ -95,6 +95,9 @@ pub struct LimitArgs {
     /// Most instances in one Vertex AI predict call.
     #[arg(long, env = "MAX_VERTEX_INSTANCES", default_value_t = 128)]
     pub max_vertex_instances: usize,
+    /// Most items in one `/v1/score` call.
+    #[arg(long, env = "MAX_SCORE_ITEMS", default_value_t = 128)]
+    pub max_score_items: usize,
     /// Largest Vertex AI predict answer in bytes (Vertex's shared endpoints allow 1.5 MB).
     #[arg(long, env = "MAX_RESPONSE_BYTES", default_value_t = 1_500_000)]
     pub max_response_bytes: usize,

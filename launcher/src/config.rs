@@ -200,6 +200,7 @@ pub fn router_spec(
     flag("max-waiting-tokens", b.max_waiting_tokens.to_string());
     flag("logprobs-mode", l.logprobs_mode.flag_value());
     flag("max-vertex-instances", l.max_vertex_instances.to_string());
+    flag("max-score-items", l.max_score_items.to_string());
     flag("max-response-bytes", l.max_response_bytes.to_string());
     flag("payload-limit", l.payload_limit.to_string());
     flag(

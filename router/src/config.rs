@@ -78,6 +78,9 @@ pub struct LimitArgs {
     /// Instances in one Vertex predict call.
     #[arg(long, default_value_t = 128)]
     pub max_vertex_instances: usize,
+    /// Items in one `/v1/score` call (each is one generation of the concurrency limit).
+    #[arg(long, default_value_t = 128)]
+    pub max_score_items: usize,
     /// Largest Vertex predict answer in bytes (Vertex's shared-endpoint limit is 1.5 MB).
     #[arg(long, default_value_t = 1_500_000)]
     pub max_response_bytes: usize,
@@ -139,6 +142,7 @@ pub struct ServerConfig {
     pub payload_limit: usize,
     pub max_concurrent_requests: usize,
     pub max_vertex_instances: usize,
+    pub max_score_items: usize,
     pub max_response_bytes: usize,
     pub model_path: PathBuf,
     pub model_id: String,
@@ -213,6 +217,7 @@ impl RouterArgs {
             payload_limit: self.limits.payload_limit,
             max_concurrent_requests: self.limits.max_concurrent_requests,
             max_vertex_instances: self.limits.max_vertex_instances,
+            max_score_items: self.limits.max_score_items,
             max_response_bytes: self.limits.max_response_bytes,
             model_path: self.model.clone(),
             model_id,

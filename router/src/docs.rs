@@ -19,6 +19,7 @@ use crate::{ops, state, tokens, vertex};
         crate::tgi::generate, crate::tgi::generate_stream, crate::tgi::compat,
         crate::vertex::predict,
         crate::openai::completions, crate::openai::chat_completions, crate::openai::models,
+        crate::score::score,
         ops::health, ops::info, ops::metrics, tokens::tokenize, tokens::detokenize,
         tokens::tokenizer_info,
     ),
@@ -28,10 +29,10 @@ use crate::{ops, state, tokens, vertex};
         tgi::StreamDetails, tgi::BestOfSequence, vertex::PredictRequest, vertex::PredictResponse,
         oai::CompletionRequest, oai::CompletionResponse, oai::ChatRequest, oai::ChatResponse,
         oai::ChatChunk, oai::ModelList, state::Info, tokens::TokenizeRequest, tokens::SimpleToken,
-        tokens::TokenizeResponse, tokens::DetokenizeRequest, tokens::DetokenizeResponse,
-        tokens::TokenizerInfo,
+        tokens::TokenizeResponse, tokens::TokenizeAnswer, tokens::DetokenizeRequest, tokens::DetokenizeResponse,
+        tokens::TokenizerInfo, crate::score::ScoringRequest, crate::score::ScoringResponse,
     )),
-    tags((name = "TGI"), (name = "Vertex AI"), (name = "OpenAI"), (name = "Ops")),
+    tags((name = "TGI"), (name = "Vertex AI"), (name = "OpenAI"), (name = "Scoring"), (name = "Ops")),
     modifiers(&SharedAnswers)
 )]
 pub struct ApiDoc;

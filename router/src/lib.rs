@@ -14,6 +14,7 @@ pub mod openai;
 pub mod ops;
 pub mod request;
 pub mod scheduler;
+pub mod score;
 pub mod server;
 pub mod shard;
 pub mod sse;

@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use crate::config::{RouterConfig, ServerConfig};
 use crate::error::ApiError;
 use crate::state::{AppState, Health};
-use crate::{docs, middleware as mw, openai, ops, startup, tgi, tokens, vertex};
+use crate::{docs, middleware as mw, openai, ops, score, startup, tgi, tokens, vertex};
 
 /// Every route, once. Vertex's invoke routes forward `/invoke/<path>` unchanged, so the
 /// same routes are mounted under `/invoke` too.
@@ -32,6 +32,7 @@ pub fn app(state: AppState) -> Result<Router, String> {
         "/v1/completions",
         "/v1/chat/completions",
         "/v1/models",
+        "/v1/score",
     ];
     // Vertex's own routes look like `/v1/endpoints/E/deployedModels/M:predict`: only an
     // exact collision is a problem.
@@ -55,6 +56,7 @@ pub fn app(state: AppState) -> Result<Router, String> {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))
+        .route("/v1/score", post(score::score))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
         .route("/tokenizer_info", get(tokens::tokenizer_info));

@@ -75,6 +75,7 @@ pub async fn start(config: &RouterConfig, state: &AppState) -> anyhow::Result<()
         enable_prefill_logprobs: limits.enable_prefill_logprobs,
         logprobs_mode: limits.default_logprobs_mode.flag_value(),
         max_vertex_instances: cfg.max_vertex_instances,
+        max_score_items: cfg.max_score_items,
         max_response_bytes: cfg.max_response_bytes,
         payload_limit: cfg.payload_limit,
         num_shard: client.num_shard(),

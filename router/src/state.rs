@@ -55,6 +55,7 @@ pub struct Info {
     /// `raw` or `processed`: what `logprob` means when a request does not say.
     pub logprobs_mode: String,
     pub max_vertex_instances: usize,
+    pub max_score_items: usize,
     pub max_response_bytes: usize,
     pub payload_limit: usize,
     pub num_shard: usize,

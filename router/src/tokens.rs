@@ -4,7 +4,6 @@
 //! are the server's own.
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use sonde_tokenizer::ModelTokenizer;
@@ -50,15 +49,23 @@ pub struct TokenizeResponse {
     pub tokens: Vec<u32>,
 }
 
+/// `/tokenize`'s answer: TGI's list for `inputs`, vLLM's object for `prompt`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum TokenizeAnswer {
+    Tgi(Vec<SimpleToken>),
+    Vllm(TokenizeResponse),
+}
+
 /// The prompt's tokens as serving sees them (special tokens written in the text match).
 #[utoipa::path(post, path = "/tokenize", tag = "Ops", request_body = TokenizeRequest,
-    responses((status = 200, description = "`inputs`: a list of SimpleToken; `prompt`: a TokenizeResponse",
-               content((Vec<SimpleToken> = "application/json"), (TokenizeResponse = "application/json"))),
+    responses((status = 200, body = TokenizeAnswer,
+               description = "`inputs`: a list of SimpleToken; `prompt`: a TokenizeResponse"),
               (status = 422, body = ErrorBody)))]
 pub async fn tokenize(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<TokenizeRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<TokenizeAnswer>, ApiError> {
     let ready = state.ready()?;
     match (req.inputs, req.prompt) {
         (Some(inputs), None) => {
@@ -67,7 +74,7 @@ pub async fn tokenize(
                     "`add_special_tokens` goes with `prompt` (vLLM's /tokenize); `inputs` is TGI's"
                 ));
             }
-            Ok(Json(tgi_tokens(ready, inputs).await?).into_response())
+            Ok(Json(TokenizeAnswer::Tgi(tgi_tokens(ready, inputs).await?)))
         }
         (None, Some(prompt)) => {
             let add_special_tokens = req.add_special_tokens.unwrap_or(true);
@@ -79,7 +86,7 @@ pub async fn tokenize(
                 max_model_len,
                 tokens,
             };
-            Ok(Json(answer).into_response())
+            Ok(Json(TokenizeAnswer::Vllm(answer)))
         }
         _ => Err(invalid!(
             "give exactly one of `inputs` (TGI's /tokenize) or `prompt` (vLLM's)"

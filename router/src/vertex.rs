@@ -1,7 +1,8 @@
 //! Vertex AI predict: `{"instances": [...], "parameters": {...}}` → `{"predictions": [...]}`.
 //!
 //! Every instance is a whole request of its own kind — `inputs` (TGI generate, every
-//! parameter honoured), `messages` (OpenAI chat) or `prompt` (OpenAI completion) — and
+//! parameter honoured), `messages` (OpenAI chat), `prompt` (OpenAI completion) or `query`
+//! (`/v1/score`) — and
 //! they all run at once, batching together. Top-level `parameters` are defaults for the
 //! `inputs` instances' own `parameters`.
 
@@ -16,11 +17,11 @@ use utoipa::ToSchema;
 use crate::error::{ApiError, ErrorBody};
 use crate::invalid;
 use crate::json::ApiJson;
-use crate::openai;
 use crate::openai::types::{ChatRequest, CompletionRequest};
 use crate::state::{AppState, Ready};
 use crate::tgi;
 use crate::tgi::types::GenerateRequest;
+use crate::{openai, score};
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -52,6 +53,7 @@ pub async fn predict(
 ) -> Result<Response, ApiError> {
     let ready = state.ready()?;
     let max = state.config.max_vertex_instances;
+    let max_score_items = state.config.max_score_items;
     if req.instances.is_empty() {
         return Err(invalid!("`instances` must not be empty"));
     }
@@ -69,7 +71,7 @@ pub async fn predict(
     let prepares = req.instances.into_iter().enumerate().map(|(i, instance)| {
         let defaults = &defaults;
         async move {
-            prepare(ready, instance, defaults)
+            prepare(ready, instance, defaults, max_score_items)
                 .await
                 .map_err(|e| e.context(&format!("instances[{i}]")))
         }
@@ -105,6 +107,7 @@ enum Instance {
     Generate(Box<tgi::convert::Prepared>),
     Chat(openai::chat::Prepared),
     Completion(openai::completions::Prepared),
+    Score(score::Prepared),
 }
 
 impl Instance {
@@ -113,6 +116,7 @@ impl Instance {
             Instance::Generate(p) => p.generations(),
             Instance::Chat(p) => p.generations(),
             Instance::Completion(p) => p.generations(),
+            Instance::Score(p) => p.generations(),
         }
     }
 }
@@ -122,10 +126,11 @@ async fn prepare(
     ready: &Ready,
     instance: Value,
     defaults: &Map<String, Value>,
+    max_score_items: usize,
 ) -> Result<Instance, ApiError> {
     let Value::Object(mut fields) = instance else {
         return Err(invalid!(
-            "an instance must be an object with `inputs`, `messages` or `prompt`"
+            "an instance must be an object with `inputs`, `messages`, `prompt` or `query`"
         ));
     };
     let not_streamed = |stream: bool| {
@@ -159,9 +164,14 @@ async fn prepare(
         Ok(Instance::Completion(
             openai::completions::prepare(ready, req).await?,
         ))
+    } else if fields.contains_key("query") {
+        let req = from_value(Value::Object(fields))?;
+        Ok(Instance::Score(
+            score::prepare(ready, req, max_score_items).await?,
+        ))
     } else {
         Err(invalid!(
-            "an instance must have `inputs` (generate), `messages` (chat) or `prompt` (completion)"
+            "an instance must have `inputs` (generate), `messages` (chat), `prompt` (completion) or `query` (score)"
         ))
     }
 }
@@ -179,6 +189,7 @@ async fn run(ready: &Ready, instance: Instance) -> Result<Value, ApiError> {
         }
         Instance::Chat(p) => to_value(&openai::chat::run(ready, p).await?),
         Instance::Completion(p) => to_value(&openai::completions::run(ready, p).await?),
+        Instance::Score(p) => to_value(&score::run(ready, p).await?),
     }
 }
 

@@ -569,3 +569,97 @@ async fn the_remote_tokenizer_contract() {
     assert_eq!(info["chat_template"], t.chat_template().unwrap().source());
     assert_eq!(info["vocab_size"], vocab);
 }
+
+/// SGLang's `/v1/score`: one generation per item on query + item, the labels' logprobs at
+/// the next position turned into probabilities.
+#[tokio::test]
+async fn score_runs_query_and_item_and_reports_label_probabilities() {
+    let fake = FakeBackend::default();
+    let app = app(&fake);
+    let body = json!({"query": "Is the sky blue? Answer:", "items": [" yes", " no"],
+                      "label_token_ids": [42, 7, 9]});
+    let (s, b) = post_json(&app, "/v1/score", body).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let asked = fake.requests();
+    let t = tokenizer();
+    for (r, item) in asked.iter().zip([" yes", " no"]) {
+        let text = format!("Is the sky blue? Answer:{item}");
+        assert_eq!(r.input_ids, t.encode(&text, true).unwrap());
+        assert_eq!(r.max_new_tokens, 1);
+        assert_eq!(r.scores.label_ids, [42, 7, 9]);
+        assert_eq!(r.sampling, Sampling::Greedy);
+    }
+    let p = f64::from(LABEL_LOGPROB).exp();
+    assert_eq!(b["scores"], json!([[p, p, p], [p, p, p]]));
+    assert_eq!(b["object"], "scoring");
+    let prompt: usize = asked.iter().map(|r| r.input_ids.len()).sum();
+    assert_eq!(
+        b["usage"],
+        json!({"prompt_tokens": prompt, "total_tokens": prompt})
+    );
+
+    // Token ids are concatenated, item first when asked; softmax renormalises over labels.
+    let body = json!({"query": [5, 6], "items": [[7], [8, 9]], "label_token_ids": [1, 2],
+                      "item_first": true, "apply_softmax": true});
+    let (s, b) = post_json(&app, "/v1/score", body).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let asked: Vec<Vec<u32>> = fake.requests()[2..]
+        .iter()
+        .map(|r| r.input_ids.clone())
+        .collect();
+    assert_eq!(asked, [vec![7, 5, 6], vec![8, 9, 5, 6]]);
+    assert_eq!(b["scores"], json!([[0.5, 0.5], [0.5, 0.5]]));
+
+    // A Vertex instance with `query` is a scoring request.
+    let body = json!({"instances": [{"query": "a", "items": ["b"], "label_token_ids": [3]}]});
+    let (s, b) = post_json(&app, "/vertex", body).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["predictions"][0]["scores"], json!([[p]]));
+}
+
+#[tokio::test]
+async fn score_refusals_name_the_field() {
+    let fake = FakeBackend::default();
+    let app = app(&fake);
+    let vocab = tokenizer().vocab_size();
+    let cases = [
+        (
+            json!({"query": "q", "items": [], "label_token_ids": [1]}),
+            "`items` must not be empty",
+        ),
+        (
+            json!({"query": "q", "items": ["a", "b", "c", "d", "e"], "label_token_ids": [1]}),
+            "--max-score-items",
+        ),
+        (
+            json!({"query": "q", "items": ["a"], "label_token_ids": []}),
+            "`label_token_ids` must not be empty",
+        ),
+        (
+            json!({"query": "q", "items": [[1]], "label_token_ids": [1]}),
+            "both be text or both be token ids",
+        ),
+        (
+            json!({"query": "q", "items": ["a"], "label_token_ids": [vocab]}),
+            "`label_token_ids` holds",
+        ),
+        (
+            json!({"query": [1], "items": [[vocab]], "label_token_ids": [1]}),
+            "items[0]: `items` holds",
+        ),
+        (
+            json!({"query": 5, "items": ["a"], "label_token_ids": [1]}),
+            "a string or a list of token ids",
+        ),
+        (
+            json!({"query": "q", "items": "a", "label_token_ids": [1]}),
+            "a list of strings or a list of token-id lists",
+        ),
+    ];
+    for (body, words) in cases {
+        let (s, b) = post_json(&app, "/v1/score", body.clone()).await;
+        assert_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        assert!(error_text(&b).contains(words), "{body}: {b}");
+    }
+    assert!(fake.requests().is_empty());
+}
