@@ -1,9 +1,14 @@
 """lm-evaluation-harness, unmodified, against the real server: its `local-completions`
 model with the server's own tokenizer (`tokenizer_backend=remote`: /tokenizer_info,
-/tokenize, /detokenize), scoring a multiple-choice task through token-id prompts with
-`echo` + `logprobs` on /v1/completions. Every log-likelihood it reports must equal the
-sum of the prompt logprobs Sonde's TGI route gives for the same tokens, and its accuracy
-the argmax of those sums: the harness adds nothing and loses nothing on the way."""
+/tokenize, /detokenize), sending token-id prompts to /v1/completions.
+
+- A multiple-choice task (`echo` + `logprobs`, `max_tokens: 1`): every log-likelihood it
+  reports must equal the sum of the prompt logprobs Sonde's TGI route gives for the same
+  tokens, and its accuracy the argmax of those sums.
+- A generative task (greedy, stop sequences): every answer must be the text Sonde's TGI
+  route generates for the same prompt and stops.
+
+The harness adds nothing and loses nothing on the way."""
 
 import json
 import os
@@ -25,6 +30,30 @@ DOCS = [
      "answer": 0},
 ]
 
+QUESTIONS = [
+    {"question": "The capital of France is", "answer": "Paris"},
+    {"question": "Once upon a time, there was a", "answer": "girl"},
+    {"question": "The three primary colors are", "answer": "red"},
+]
+
+GEN_TASK = """task: sonde_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: [".", "\\n"]
+  max_gen_toks: 12
+  do_sample: false
+  temperature: 0
+metric_list:
+  - metric: exact_match
+"""
+
 TASK = """task: sonde_mc
 dataset_path: json
 dataset_kwargs:
@@ -41,12 +70,12 @@ metric_list:
 """
 
 
-def _run_harness(server, tmp_path):
-    data = tmp_path / "mc.jsonl"
-    data.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+def _run_harness(server, tmp_path, task, template, docs):
+    data = tmp_path / f"{task}.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
     tasks = tmp_path / "tasks"
     tasks.mkdir()
-    (tasks / "sonde_mc.yaml").write_text(TASK.format(data=data))
+    (tasks / f"{task}.yaml").write_text(template.format(data=data))
     out = tmp_path / "out"
     model_args = ",".join([
         f"model={MODEL_ID}",
@@ -60,12 +89,12 @@ def _run_harness(server, tmp_path):
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
                HF_HOME=str(tmp_path / "hf"))
     cmd = [sys.executable, "-m", "lm_eval", "--model", "local-completions",
-           "--model_args", model_args, "--tasks", "sonde_mc", "--include_path", str(tasks),
+           "--model_args", model_args, "--tasks", task, "--include_path", str(tasks),
            "--output_path", str(out), "--log_samples", "--batch_size", "1"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"lm_eval failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     results = next(out.rglob("results_*.json"))
-    samples = next(out.rglob("samples_sonde_mc_*.jsonl"))
+    samples = next(out.rglob(f"samples_{task}_*.jsonl"))
     rows = [json.loads(line) for line in samples.read_text().splitlines() if line.strip()]
     return json.loads(results.read_text()), sorted(rows, key=lambda r: r["doc_id"])
 
@@ -88,7 +117,7 @@ def _loglikelihood(server, context, continuation):
 
 
 def test_lm_eval_multiple_choice_scores_are_sondes(server, tmp_path):
-    results, rows = _run_harness(server, tmp_path)
+    results, rows = _run_harness(server, tmp_path, "sonde_mc", TASK, DOCS)
     assert [r["doc_id"] for r in rows] == list(range(len(DOCS)))
     correct = 0
     for row, doc in zip(rows, DOCS):
@@ -100,3 +129,19 @@ def test_lm_eval_multiple_choice_scores_are_sondes(server, tmp_path):
         correct += max(range(len(want)), key=want.__getitem__) == doc["answer"]
     acc = results["results"]["sonde_mc"]["acc,none"]
     assert acc == correct / len(DOCS)
+
+
+def test_lm_eval_generation_is_sondes(server, tmp_path):
+    results, rows = _run_harness(server, tmp_path, "sonde_gen", GEN_TASK, QUESTIONS)
+    assert [r["doc_id"] for r in rows] == list(range(len(QUESTIONS)))
+    for row, doc in zip(rows, QUESTIONS):
+        got = row["resps"][0][0]
+        stops = [".", "\n"]
+        r = generate(server, doc["question"], max_new_tokens=12, stop=stops, details=True)
+        want = r["generated_text"]
+        # TGI's text keeps the stop sequence it ended on; OpenAI's (the harness's) does not.
+        if r["details"]["finish_reason"] == "stop_sequence":
+            stop = next(s for s in stops if want.endswith(s))
+            want = want[: -len(stop)]
+        assert got == want, f"doc {row['doc_id']}"
+    assert "exact_match,none" in results["results"]["sonde_gen"]
