@@ -71,8 +71,9 @@ def parse_prometheus(text):
 class SondeServer:
     """One shard and one router in a temp dir; logs go to shard.log and router.log there."""
 
-    def __init__(self, router_args=(), env=None, name="sonde"):
+    def __init__(self, router_args=(), env=None, name="sonde", shard_args=()):
         self.router_args = [str(a) for a in router_args]
+        self.shard_args = [str(a) for a in shard_args]
         self.extra_env = dict(env or {})
         self.name = name
         self.dir = None
@@ -118,7 +119,8 @@ class SondeServer:
         env.setdefault("NO_COLOR", "1")  # plain log files
         prefix = self.dir / "shard"
         uds = Path(f"{prefix}-0")
-        self._shard_cmd = [shard_bin, "--model", str(MODEL), "--uds-path", str(uds)]
+        self._shard_cmd = [shard_bin, "--model", str(MODEL), "--uds-path", str(uds),
+                           *self.shard_args]
         self._shard_env = env
         self._shard_uds = uds
         self._spawn("shard", self._shard_cmd, env)
@@ -198,8 +200,8 @@ class SondeServer:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def start_server(router_args=(), env=None, name="sonde"):
-    return SondeServer(router_args, env, name).start()
+def start_server(router_args=(), env=None, name="sonde", shard_args=()):
+    return SondeServer(router_args, env, name, shard_args).start()
 
 
 @pytest.fixture(scope="session")
@@ -228,8 +230,8 @@ def launch():
     """Starts extra servers with their own flags/env; all are stopped when the module ends."""
     started = []
 
-    def _launch(router_args=(), env=None, name="sonde-extra"):
-        s = start_server(router_args, env, name)
+    def _launch(router_args=(), env=None, name="sonde-extra", shard_args=()):
+        s = start_server(router_args, env, name, shard_args)
         started.append(s)
         return s
 

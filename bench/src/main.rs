@@ -47,6 +47,10 @@ struct Args {
     /// The served model's GGUF file or Hugging Face folder, for --prompt-tokens.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// Start every prompt with the same context of about this many words (a scoring
+    /// workload for prefix caches: one passage, many endings).
+    #[arg(long, conflicts_with = "prompt_tokens")]
+    shared_prefix_words: Option<usize>,
     /// Sonde only: also score the prompt (`decoder_input_details`, non-streamed).
     #[arg(long)]
     prompt_logprobs: bool,
@@ -84,6 +88,10 @@ async fn main() -> anyhow::Result<()> {
             args.requests + args.warmup,
         )?,
         _ => Workload::new(args.prompt_words, args.max_tokens),
+    };
+    let workload = match args.shared_prefix_words {
+        Some(words) => workload.shared_prefix(words),
+        None => workload,
     };
     for i in 0..args.warmup {
         // Numbered after the measured requests, so none of them repeats a warmup prompt.

@@ -29,6 +29,9 @@ pub struct Workload {
     /// Differs between runs, so a second run does not meet the first one's prompts in a
     /// server's cache either.
     run: u32,
+    /// A context every prompt starts with (a scoring workload: one passage, many
+    /// candidate endings); empty by default.
+    shared: String,
 }
 
 impl Workload {
@@ -53,7 +56,21 @@ impl Workload {
             exact: Vec::new(),
             max_tokens,
             run,
+            shared: String::new(),
         }
+    }
+
+    /// Every prompt starts with the same context of about `words` words (numbered by the
+    /// run, so runs do not share it), then goes on as its own prompt.
+    pub fn shared_prefix(mut self, words: usize) -> Self {
+        let text: Vec<&str> = TEXTS
+            .iter()
+            .flat_map(|t| t.split_whitespace())
+            .cycle()
+            .take(words)
+            .collect();
+        self.shared = format!("Context {}. {}\n\n", self.run, text.join(" "));
+        self
     }
 
     /// Cuts the prompts of requests `0..count` to exactly `tokens` tokens of `tokenizer`
@@ -87,15 +104,17 @@ impl Workload {
         Ok(self)
     }
 
-    /// Request `i`'s prompt, starting with its own number: no two requests share a prefix,
-    /// so a server's prompt cache (llama-server reuses the KV of a repeated prefix) cannot
+    /// Request `i`'s prompt, starting with its own number: no two requests share a prefix
+    /// (unless asked to, with [`Workload::shared_prefix`]), so a server's prompt cache
+    /// (llama-server reuses the KV of a repeated prefix; Sonde has a prefix cache) cannot
     /// make a request cheaper than real traffic would.
     pub fn prompt(&self, i: usize) -> String {
         if let Some(p) = self.exact.get(i) {
             return p.clone();
         }
         format!(
-            "Request {}-{i}. {}",
+            "{}Request {}-{i}. {}",
+            self.shared,
             self.run,
             self.prompts[i % self.prompts.len()]
         )

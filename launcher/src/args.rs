@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser};
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Args, Parser};
 use sonde_proto::{Device, LogprobsMode, WeightQuant};
 
 #[derive(Parser, Debug, Clone)]
@@ -114,6 +115,12 @@ pub struct BatchingArgs {
     /// KV-cache tokens over every running request: prompt + max_new_tokens each.
     #[arg(long, env = "MAX_BATCH_TOTAL_TOKENS", default_value_t = 16_384)]
     pub max_batch_total_tokens: u32,
+    /// The automatic prefix cache (`true`/`false`, `1`/`0`): prompt tokens an earlier
+    /// request computed are reused, with bit-identical scores, in the part of the KV budget
+    /// no running request reserves.
+    #[arg(long, env = "PREFIX_CACHING", default_value_t = true, action = ArgAction::Set,
+          value_parser = BoolishValueParser::new())]
+    pub prefix_caching: bool,
     /// A prefill interrupts running requests only if the waiting ones number at least
     /// this ratio of them...
     #[arg(long, env = "WAITING_SERVED_RATIO", default_value_t = 0.3)]

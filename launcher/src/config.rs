@@ -139,6 +139,8 @@ pub fn shard_spec(args: &LauncherArgs, bins: &Binaries, model: &Path, rank: usiz
             .to_string(),
         "--max-batch-total-tokens".to_string(),
         args.batching.max_batch_total_tokens.to_string(),
+        "--prefix-caching".to_string(),
+        args.batching.prefix_caching.to_string(),
         "--gguf-quant".to_string(),
         args.dtype.flag_value(),
         "--device".to_string(),

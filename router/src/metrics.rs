@@ -27,6 +27,12 @@ pub const FORWARD_DURATION: &str = "sonde_batch_forward_duration_seconds";
 pub const INPUT_TOKENS: &str = "sonde_request_input_tokens_total";
 /// Counter: tokens generated.
 pub const GENERATED_TOKENS: &str = "sonde_request_generated_tokens_total";
+/// Counter: prompt tokens the shard's prefix cache supplied instead of computing them.
+pub const PREFIX_CACHE_HIT_TOKENS: &str = "sonde_prefix_cache_hit_tokens_total";
+/// Counter: tokens evicted from the prefix cache (least recently used first).
+pub const PREFIX_CACHE_EVICTED_TOKENS: &str = "sonde_prefix_cache_evicted_tokens_total";
+/// Gauge: tokens in the prefix cache.
+pub const PREFIX_CACHE_TOKENS: &str = "sonde_prefix_cache_tokens";
 /// Counter `{reason}`: requests that ended with an error inside the scheduler.
 pub const FAILED_REQUESTS: &str = "sonde_request_failure_total";
 

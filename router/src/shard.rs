@@ -37,6 +37,18 @@ pub struct StepOutput {
     pub batch: Option<CachedBatch>,
     /// Time the shard spent in the model's forward pass.
     pub forward_ns: u64,
+    /// The prefix cache's totals after a prefill (decode steps do not touch it).
+    pub prefix_cache: Option<PrefixCacheStats>,
+}
+
+/// The shard's prefix cache since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    /// Prompt tokens loaded from the cache instead of computed.
+    pub hit_tokens: u64,
+    pub evicted_tokens: u64,
+    /// Tokens cached now.
+    pub cached_tokens: u64,
 }
 
 /// A new batch to prefill: each request under the scheduler's id for it.

@@ -73,6 +73,8 @@ pub async fn start(config: &RouterConfig, state: &AppState) -> anyhow::Result<()
         waiting_served_ratio: batching.waiting_served_ratio,
         max_waiting_tokens: batching.max_waiting_tokens,
         enable_prefill_logprobs: limits.enable_prefill_logprobs,
+        prefix_caching: info.prefix_caching,
+        prefix_block_tokens: info.prefix_block_tokens,
         logprobs_mode: limits.default_logprobs_mode.flag_value(),
         max_vertex_instances: cfg.max_vertex_instances,
         max_score_items: cfg.max_score_items,

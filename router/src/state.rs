@@ -52,6 +52,10 @@ pub struct Info {
     pub waiting_served_ratio: f32,
     pub max_waiting_tokens: u32,
     pub enable_prefill_logprobs: bool,
+    /// Whether the shard's automatic prefix cache is on (`PREFIX_CACHING`).
+    pub prefix_caching: bool,
+    /// Prompt tokens per cached block: prefixes are reused in whole blocks.
+    pub prefix_block_tokens: u32,
     /// `raw` or `processed`: what `logprob` means when a request does not say.
     pub logprobs_mode: String,
     pub max_vertex_instances: usize,

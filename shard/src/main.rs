@@ -26,6 +26,12 @@ struct Args {
     /// Prompt positions whose logits are computed at once when scoring prompts.
     #[arg(long, default_value_t = 64)]
     prompt_logits_chunk: usize,
+    /// The automatic prefix cache: prompt positions an earlier request computed are
+    /// loaded, not recomputed, with bit-identical scores. It lives in the part of the KV
+    /// budget no running request reserves.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    prefix_caching: bool,
     /// What to do with GGUF block formats at load.
     #[arg(long, value_enum, default_value_t = WeightQuant::Keep)]
     gguf_quant: WeightQuant,
@@ -59,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
         EngineConfig {
             max_batch_total_tokens: args.max_batch_total_tokens,
             prompt_logits_chunk: args.prompt_logits_chunk,
+            prefix_cache: args.prefix_caching,
         },
     );
     server::serve(

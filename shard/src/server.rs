@@ -13,7 +13,7 @@ use sonde_proto::text_generation_service_server::{
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
-use crate::engine::{Engine, StepOutput, MAX_LABEL_TOKENS};
+use crate::engine::{Engine, PrefixStats, StepOutput, MAX_LABEL_TOKENS, PREFIX_BLOCK_TOKENS};
 use crate::error::EngineError;
 
 type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
@@ -111,6 +111,16 @@ fn info(engine: &Engine) -> pb::InfoResponse {
         max_context: f.max_context as u32,
         max_batch_total_tokens: engine.config().max_batch_total_tokens as u32,
         max_label_tokens: MAX_LABEL_TOKENS as u32,
+        prefix_caching: engine.prefix_caching(),
+        prefix_block_tokens: PREFIX_BLOCK_TOKENS as u32,
+    }
+}
+
+fn prefix_stats(s: PrefixStats) -> pb::PrefixCacheStats {
+    pb::PrefixCacheStats {
+        hit_tokens: s.hit_tokens,
+        evicted_tokens: s.evicted_tokens,
+        cached_tokens: s.cached_tokens,
     }
 }
 
@@ -160,6 +170,7 @@ impl TextGenerationService for Service {
             batch: out.batch,
             forward_ns: out.forward_ns,
             total_ns: started.elapsed().as_nanos() as u64,
+            prefix_cache: Some(prefix_stats(out.prefix)),
         }))
     }
 

@@ -3,7 +3,7 @@
 use sonde_proto as pb;
 
 use crate::infer::{FinishReason, Sampling, TokenScore, ValidRequest};
-use crate::shard::{CachedBatch, Generation, NewBatch, StepOutput};
+use crate::shard::{CachedBatch, Generation, NewBatch, PrefixCacheStats, StepOutput};
 
 pub(super) fn batch(b: &NewBatch) -> pb::Batch {
     pb::Batch {
@@ -37,6 +37,15 @@ pub(super) fn step(
         generations: generations.into_iter().map(generation).collect(),
         batch: batch.map(cached),
         forward_ns,
+        prefix_cache: None,
+    }
+}
+
+pub(super) fn prefix_cache(s: pb::PrefixCacheStats) -> PrefixCacheStats {
+    PrefixCacheStats {
+        hit_tokens: s.hit_tokens,
+        evicted_tokens: s.evicted_tokens,
+        cached_tokens: s.cached_tokens,
     }
 }
 

@@ -134,11 +134,9 @@ impl Shard for ShardClients {
                 async move { c.prefill(pb::PrefillRequest { batch: Some(batch) }).await }
             })
             .await?;
-        Ok(convert::step(
-            answer.generations,
-            answer.batch,
-            answer.forward_ns,
-        ))
+        let mut out = convert::step(answer.generations, answer.batch, answer.forward_ns);
+        out.prefix_cache = answer.prefix_cache.map(convert::prefix_cache);
+        Ok(out)
     }
 
     async fn decode(&self, batches: Vec<CachedBatch>) -> Result<StepOutput, ClientError> {

@@ -12,7 +12,7 @@ use crate::client::ClientError;
 use crate::error::ApiError;
 use crate::infer::InferEvent;
 use crate::metrics as m;
-use crate::shard::{CachedBatch, Generation, NewBatch, Shard};
+use crate::shard::{CachedBatch, Generation, NewBatch, PrefixCacheStats, Shard};
 use crate::state::{Health, HealthCell};
 
 /// How often an idle scheduler checks that the shard is alive.
@@ -176,6 +176,9 @@ impl<S: Shard> Batcher<S> {
         match self.deadline(client.prefill(batch)).await {
             Ok(resp) => {
                 observe(Step::Prefill, started, resp.forward_ns);
+                if let Some(prefix) = resp.prefix_cache {
+                    observe_prefix_cache(prefix);
+                }
                 self.dispatch(resp.generations, true);
                 if let Some(batch) = resp.batch {
                     self.cached.push(batch);
@@ -331,6 +334,14 @@ fn observe(step: Step, started: Instant, forward_ns: u64) {
     metrics::histogram!(m::STEP_DURATION, "method" => method)
         .record(started.elapsed().as_secs_f64());
     metrics::histogram!(m::FORWARD_DURATION, "method" => method).record(forward_ns as f64 * 1e-9);
+}
+
+/// The shard keeps the totals (they survive router-side retries); a restarted shard
+/// starts them at 0, which Prometheus reads as a counter reset.
+fn observe_prefix_cache(s: PrefixCacheStats) {
+    metrics::counter!(m::PREFIX_CACHE_HIT_TOKENS).absolute(s.hit_tokens);
+    metrics::counter!(m::PREFIX_CACHE_EVICTED_TOKENS).absolute(s.evicted_tokens);
+    metrics::gauge!(m::PREFIX_CACHE_TOKENS).set(s.cached_tokens as f64);
 }
 
 #[cfg(test)]

@@ -106,6 +106,7 @@ fn step(id: u64, mut batch: Vec<Running>, state: &mut State) -> StepOutput {
         generations,
         batch: cached,
         forward_ns: 1,
+        prefix_cache: None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The engine: owns the model, the cached batches and the KV budget, and runs the
 //! Prefill / Decode / FilterBatch / ClearCache protocol on one thread.
 
+mod prefix;
 mod scoring;
 mod sequence;
 mod step;
@@ -14,6 +15,8 @@ use crate::error::EngineError;
 use crate::loader::{LoadedModel, ModelFacts};
 use crate::model::Model;
 use crate::sampling::Sampler;
+use prefix::{second_wave, PrefixStore};
+pub use prefix::{PrefixStats, BLOCK_TOKENS as PREFIX_BLOCK_TOKENS};
 use scoring::Scorer;
 pub use sequence::MAX_LABEL_TOKENS;
 use sequence::{Sequence, ValidRequest};
@@ -25,6 +28,9 @@ pub struct EngineConfig {
     /// Prompt positions whose logits exist at once when scoring a prompt, so that
     /// positions × vocabulary never materialises in full.
     pub prompt_logits_chunk: usize,
+    /// The automatic prefix cache (`prefix.rs`), in the part of the budget no request
+    /// reserves. It needs the host KV layout; elsewhere it stays off.
+    pub prefix_cache: bool,
 }
 
 impl Default for EngineConfig {
@@ -32,6 +38,7 @@ impl Default for EngineConfig {
         EngineConfig {
             max_batch_total_tokens: 16_384,
             prompt_logits_chunk: 64,
+            prefix_cache: true,
         }
     }
 }
@@ -42,6 +49,7 @@ pub struct StepOutput {
     /// The requests still running, under the step's batch id; none when all finished.
     pub batch: Option<pb::CachedBatch>,
     pub forward_ns: u64,
+    pub prefix: PrefixStats,
 }
 
 pub struct Engine {
@@ -52,11 +60,18 @@ pub struct Engine {
     /// Sum of the held sequences' reservations.
     reserved: usize,
     scorer: Scorer,
+    prefix: PrefixStore,
 }
 
 impl Engine {
     pub fn new(loaded: LoadedModel, cfg: EngineConfig) -> Self {
+        let spec = loaded.model.spec();
+        let prefix = PrefixStore::new(
+            cfg.prefix_cache && loaded.model.caches_on_host(),
+            spec.hidden_size,
+        );
         Engine {
+            prefix,
             scorer: Scorer::new(loaded.facts.vocab_size),
             model: loaded.model,
             facts: loaded.facts,
@@ -79,9 +94,26 @@ impl Engine {
         self.reserved
     }
 
+    /// Whether the prefix cache is on.
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix.enabled()
+    }
+
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.prefix.stats()
+    }
+
     /// Runs the prompts of a new batch and returns each request's first token.
+    ///
+    /// Requests that share a prefix with an earlier one of the same batch run in a second
+    /// wave, after the first has cached it (`prefix::second_wave`).
     pub fn prefill(&mut self, batch: pb::Batch) -> Result<StepOutput, EngineError> {
         let requests = self.admit(&batch)?;
+        // The cache gives up the room this batch reserves: it never holds admission back.
+        let needed: usize = requests.iter().map(ValidRequest::reservation).sum();
+        self.prefix
+            .evict_to(self.unreserved().saturating_sub(needed));
+        let (requests, first_wave) = self.in_waves(requests);
         let mut seqs = Vec::with_capacity(requests.len());
         let mut prompts = Vec::with_capacity(requests.len());
         for req in requests {
@@ -101,9 +133,41 @@ impl Engine {
         }
         self.reserved += seqs.iter().map(Sequence::reservation).sum::<usize>();
         let started = Instant::now();
-        let result = self.prefill_step(&mut seqs, &prompts);
+        let result = self.prefill_waves(&mut seqs, &prompts, first_wave);
         let forward_ns = started.elapsed().as_nanos() as u64;
         self.finish_step(batch.id, seqs, result, forward_ns)
+    }
+
+    /// Orders a batch's requests first wave first; returns them and the first wave's size.
+    fn in_waves(&self, requests: Vec<ValidRequest>) -> (Vec<ValidRequest>, usize) {
+        let prompts: Vec<&[u32]> = requests.iter().map(|r| r.input_ids.as_slice()).collect();
+        let wait = second_wave(&self.prefix, &prompts, |i| prompts[i].len() - 1);
+        let (mut first, second): (Vec<_>, Vec<_>) =
+            requests.into_iter().zip(wait).partition(|(_, wait)| !wait);
+        let split = first.len();
+        first.extend(second);
+        (first.into_iter().map(|(r, _)| r).collect(), split)
+    }
+
+    fn prefill_waves(
+        &mut self,
+        seqs: &mut [Sequence],
+        prompts: &[Vec<u32>],
+        first_wave: usize,
+    ) -> Result<Vec<pb::Generation>, EngineError> {
+        let (first, second) = seqs.split_at_mut(first_wave);
+        let mut generations = self.prefill_step(first, &prompts[..first_wave])?;
+        if !second.is_empty() {
+            generations.extend(self.prefill_step(second, &prompts[first_wave..])?);
+        }
+        Ok(generations)
+    }
+
+    /// KV budget tokens no held request reserves: the prefix cache's room.
+    fn unreserved(&self) -> usize {
+        self.cfg
+            .max_batch_total_tokens
+            .saturating_sub(self.reserved)
     }
 
     /// Advances the given batches by one token; they continue as one batch under the
@@ -190,6 +254,18 @@ impl Engine {
             });
             left -= len;
         }
+        // Warmup's prompts share their first tokens: with the cache on they would neither
+        // run the whole prefill nor leave the cache clean.
+        let prefix_cache = self.prefix.set_enabled(false);
+        let result = self.warmup_steps(requests);
+        self.prefix.set_enabled(prefix_cache);
+        result?;
+        Ok(pb::WarmupResponse {
+            max_batch_total_tokens: budget as u32,
+        })
+    }
+
+    fn warmup_steps(&mut self, requests: Vec<pb::Request>) -> Result<(), EngineError> {
         let batch_id = u64::MAX;
         self.prefill(pb::Batch {
             id: batch_id,
@@ -199,9 +275,7 @@ impl Engine {
             self.decode(&[batch_id])?;
         }
         self.clear(Some(batch_id));
-        Ok(pb::WarmupResponse {
-            max_batch_total_tokens: budget as u32,
-        })
+        Ok(())
     }
 
     /// Validates a new batch against the model and the budget; allocates nothing.
@@ -277,6 +351,7 @@ impl Engine {
             generations,
             batch,
             forward_ns,
+            prefix: self.prefix.stats(),
         })
     }
 

@@ -4,6 +4,7 @@
 use candle_core::{Tensor, D};
 use sonde_proto as pb;
 
+use super::prefix::{BlockRows, LoadedPrefix, BLOCK_TOKENS};
 use super::scoring::first_prompt_token;
 use super::sequence::Sequence;
 use super::Engine;
@@ -11,23 +12,37 @@ use crate::error::EngineError;
 use crate::model::{Model, SeqCache, SeqSpan, StepInput};
 
 impl Engine {
+    /// One prefill forward pass: each sequence first loads its prompt's cached prefix,
+    /// the pass computes the rest, and the whole blocks it computed are cached.
     pub(super) fn prefill_step(
         &mut self,
         seqs: &mut [Sequence],
         prompts: &[Vec<u32>],
     ) -> Result<Vec<pb::Generation>, EngineError> {
         let device = self.model.device().clone();
+        // At most all but the last token: the pass must compute a row to sample from.
+        let loaded = seqs
+            .iter_mut()
+            .zip(prompts)
+            .map(|(seq, p)| self.prefix.load(p, p.len() - 1, &mut seq.cache))
+            .collect::<candle_core::Result<Vec<_>>>()?;
         let mut spans = Vec::with_capacity(seqs.len());
-        let mut start = 0;
-        for p in prompts {
+        let mut tokens = Vec::new();
+        for (p, cached) in prompts.iter().zip(&loaded) {
+            let computed = &p[cached.tokens..];
             spans.push(SeqSpan {
-                start,
-                len: p.len(),
+                start: tokens.len(),
+                len: computed.len(),
             });
-            start += p.len();
+            tokens.extend_from_slice(computed);
         }
-        let tokens = prompts.concat();
         let hidden = run_model(&self.model, seqs, &tokens, &spans)?;
+        let rows = PromptRows {
+            step: &hidden,
+            spans: &spans,
+            loaded: &loaded,
+            hidden_size: self.model.spec().hidden_size,
+        };
 
         // Last positions of the requests that did not ask for prompt scores, in one product.
         let plain: Vec<usize> = (0..seqs.len())
@@ -49,8 +64,7 @@ impl Engine {
         for (i, seq) in seqs.iter_mut().enumerate() {
             let prompt = &prompts[i];
             let (prefill, last_row) = if seq.scores.prefill_logprobs {
-                let hidden = hidden.narrow(0, spans[i].start, spans[i].len)?;
-                self.score_prompt(seq, &hidden, prompt)?
+                self.score_prompt(seq, &rows.prompt(i)?, prompt)?
             } else {
                 let k = plain.iter().position(|&j| j == i).unwrap_or_default();
                 let row = plain_logits
@@ -60,9 +74,35 @@ impl Engine {
                     })?;
                 (Vec::new(), row.to_vec())
             };
-            generations.push(self.generate(seq, &last_row, prefill)?);
+            let mut generation = self.generate(seq, &last_row, prefill)?;
+            generation.cached_prompt_tokens = loaded[i].tokens as u32;
+            generations.push(generation);
         }
+        self.cache_prompts(seqs, prompts, &rows)?;
         Ok(generations)
+    }
+
+    /// Offers the whole blocks of each prompt to the prefix cache.
+    fn cache_prompts(
+        &mut self,
+        seqs: &[Sequence],
+        prompts: &[Vec<u32>],
+        rows: &PromptRows,
+    ) -> Result<(), EngineError> {
+        if !self.prefix.enabled() {
+            return Ok(());
+        }
+        let step: Vec<f32> = rows.step.flatten_all()?.to_vec1()?;
+        for (i, (seq, prompt)) in seqs.iter().zip(prompts).enumerate() {
+            let room = self.unreserved();
+            self.prefix.store(prompt, room, |start| {
+                Some(BlockRows {
+                    kv: seq.cache.copy_rows(start, BLOCK_TOKENS)?,
+                    hidden: rows.host_rows(i, &step, start, BLOCK_TOKENS)?,
+                })
+            });
+        }
+        Ok(())
     }
 
     /// Scores every prompt position of one sequence, a chunk of positions at a time, and
@@ -125,6 +165,7 @@ impl Engine {
                 token: None,
                 finish_reason: Some(pb::FinishReason::Length as i32),
                 generated_tokens: 0,
+                cached_prompt_tokens: 0,
             });
         }
         let token = self.scorer.next_token(seq, row)?;
@@ -137,7 +178,55 @@ impl Engine {
             token: Some(token),
             finish_reason: finish.map(|f| f as i32),
             generated_tokens: seq.generated as u32,
+            cached_prompt_tokens: 0,
         })
+    }
+}
+
+/// Where each prompt position's final hidden row is: loaded from the cache, or computed
+/// by this step.
+struct PromptRows<'a> {
+    step: &'a Tensor,
+    spans: &'a [SeqSpan],
+    loaded: &'a [LoadedPrefix],
+    hidden_size: usize,
+}
+
+impl PromptRows<'_> {
+    /// Every position of prompt `i`, \[prompt, hidden\].
+    fn prompt(&self, i: usize) -> Result<Tensor, EngineError> {
+        let span = self.spans[i];
+        let computed = self.step.narrow(0, span.start, span.len)?;
+        let cached = &self.loaded[i];
+        if cached.tokens == 0 {
+            return Ok(computed);
+        }
+        let loaded = Tensor::from_slice(
+            &cached.hidden,
+            (cached.tokens, self.hidden_size),
+            self.step.device(),
+        )?;
+        Ok(Tensor::cat(&[&loaded, &computed], 0)?)
+    }
+
+    /// Positions `start..start + len` of prompt `i` from the host copy `step` of the
+    /// step's rows; None if the prompt has no such positions.
+    fn host_rows(&self, i: usize, step: &[f32], start: usize, len: usize) -> Option<Vec<f32>> {
+        let h = self.hidden_size;
+        let cached = self.loaded.get(i)?;
+        let span = self.spans.get(i)?;
+        let mut out = Vec::with_capacity(len * h);
+        for pos in start..start + len {
+            let row = match pos.checked_sub(cached.tokens) {
+                None => cached.hidden.get(pos * h..(pos + 1) * h)?,
+                Some(t) if t < span.len => {
+                    step.get((span.start + t) * h..(span.start + t + 1) * h)?
+                }
+                Some(_) => return None,
+            };
+            out.extend_from_slice(row);
+        }
+        Some(out)
     }
 }
 

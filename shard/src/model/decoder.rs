@@ -109,6 +109,11 @@ impl Model {
         &self.device
     }
 
+    /// Whether sequence caches live in host memory (the CPU attention kernel's layout).
+    pub fn caches_on_host(&self) -> bool {
+        self.attention == AttentionKernel::Host
+    }
+
     /// A cache for one sequence of up to `capacity` tokens, laid out for this model's
     /// attention kernel.
     pub fn new_cache(&self, capacity: usize) -> Result<SeqCache> {

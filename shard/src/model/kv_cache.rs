@@ -27,6 +27,7 @@ pub struct SeqCache {
     layers: Vec<LayerStore>,
     len: usize,
     capacity: usize,
+    head_dim: usize,
 }
 
 /// A host layer's cached keys and values, as the CPU attention kernel sees them.
@@ -60,6 +61,7 @@ impl SeqCache {
             layers,
             len: 0,
             capacity,
+            head_dim: spec.head_dim,
         })
     }
 
@@ -106,4 +108,67 @@ impl SeqCache {
     pub fn advance(&mut self, new: usize) {
         self.len += new;
     }
+
+    /// Copies the keys and values of positions `start..start + rows` out; None unless the
+    /// cache lives on the host and holds those positions.
+    pub fn copy_rows(&self, start: usize, rows: usize) -> Option<KvRows> {
+        let d = self.head_dim;
+        if start + rows > self.len || self.capacity == 0 {
+            return None;
+        }
+        let mut data = Vec::with_capacity(self.layers.len() * 2 * rows * d);
+        for layer in &self.layers {
+            let LayerStore::Host { k, v } = layer else {
+                return None;
+            };
+            for store in [k, v] {
+                for head in store.chunks_exact(self.capacity * d) {
+                    data.extend_from_slice(&head[start * d..(start + rows) * d]);
+                }
+            }
+        }
+        Some(KvRows {
+            data,
+            rows,
+            head_dim: d,
+        })
+    }
+
+    /// Appends the first `take` positions of `rows` (laid out as [`KvRows`]) after the
+    /// cached tokens, as if a step had computed them.
+    pub fn append_rows(&mut self, rows: &KvRows, take: usize) -> Result<()> {
+        let d = rows.head_dim;
+        if take > rows.rows || self.len + take > self.capacity || d != self.head_dim {
+            candle_core::bail!(
+                "KV cache: {take} cached rows do not fit after {} of {} tokens",
+                self.len,
+                self.capacity
+            );
+        }
+        let per_head = rows.rows * d;
+        let mut src = rows.data.chunks_exact(per_head);
+        for layer in &mut self.layers {
+            let LayerStore::Host { k, v } = layer else {
+                candle_core::bail!("KV cache: cached rows can only be loaded into host memory");
+            };
+            for store in [k, v] {
+                for head in store.chunks_exact_mut(self.capacity * d) {
+                    let Some(from) = src.next() else {
+                        candle_core::bail!("KV cache: cached rows are shorter than the model");
+                    };
+                    head[self.len * d..][..take * d].copy_from_slice(&from[..take * d]);
+                }
+            }
+        }
+        self.len += take;
+        Ok(())
+    }
+}
+
+/// Keys and values of consecutive positions copied out of a cache:
+/// `[layer][k, v][kv_head][rows][head_dim]`.
+pub struct KvRows {
+    pub data: Vec<f32>,
+    pub rows: usize,
+    pub head_dim: usize,
 }

@@ -17,7 +17,7 @@ pub mod spec;
 pub mod weights;
 
 pub use decoder::{AttentionKernel, Model, SeqSpan, StepInput};
-pub use kv_cache::SeqCache;
+pub use kv_cache::{KvRows, SeqCache};
 pub use load::Placement;
 pub use spec::{Architecture, ModelSpec, RopeStyle};
 pub use weights::WeightSource;

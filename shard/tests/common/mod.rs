@@ -28,15 +28,22 @@ pub fn engine_with(path: &std::path::Path, budget: usize, policy: WeightQuant) -
 }
 
 pub fn engine_opts(path: &std::path::Path, budget: usize, opts: &LoadOptions) -> Engine {
+    engine_config(path, opts, config(budget))
+}
+
+/// The tests' engine settings: a small logits chunk, so prompts span several chunks.
+pub fn config(budget: usize) -> EngineConfig {
+    EngineConfig {
+        max_batch_total_tokens: budget,
+        prompt_logits_chunk: 16,
+        prefix_cache: true,
+    }
+}
+
+pub fn engine_config(path: &std::path::Path, opts: &LoadOptions, cfg: EngineConfig) -> Engine {
     let loaded = loader::load(path, opts)
         .unwrap_or_else(|e| panic!("{e} (run scripts/fetch-data and scripts/test)"));
-    Engine::new(
-        loaded,
-        EngineConfig {
-            max_batch_total_tokens: budget,
-            prompt_logits_chunk: 16,
-        },
-    )
+    Engine::new(loaded, cfg)
 }
 
 /// A request builder with greedy defaults.
@@ -76,6 +83,8 @@ pub struct Outcome {
     pub prefill: Vec<pb::TokenScores>,
     pub tokens: Vec<pb::TokenScores>,
     pub finish_reason: Option<i32>,
+    /// Prompt tokens the prefix cache supplied.
+    pub cached_prompt_tokens: u32,
 }
 
 impl Outcome {
@@ -91,6 +100,7 @@ pub fn absorb(out: &mut HashMap<u64, Outcome>, generations: Vec<pb::Generation>)
         if !g.prefill.is_empty() {
             o.prefill = g.prefill;
         }
+        o.cached_prompt_tokens = o.cached_prompt_tokens.max(g.cached_prompt_tokens);
         o.tokens.extend(g.token);
         if g.finish_reason.is_some() {
             o.finish_reason = g.finish_reason;
