@@ -36,8 +36,25 @@ def test_readme_command_serves_the_default_model_with_scores():
         assert d["prefill"][0]["logprob"] is None and len(d["prefill"]) == d["input_length"]
         info = requests.get(lz.url + "/info", timeout=10).json()
         assert info["model_id"] == MODEL.stem
+        assert info["prefix_caching"] is True
         lz.signal(signal.SIGTERM)
         assert lz.wait_exit(60) == 0, lz.logs()
+    finally:
+        lz.stop()
+
+
+def test_prefix_caching_env_reaches_the_shard():
+    """TGI's PREFIX_CACHING turns the cache off; the shard's own answer says so in /info."""
+    lz = launch(env={"PREFIX_CACHING": "0"}, name="no-prefix-cache")
+    try:
+        lz.start()
+        info = requests.get(lz.url + "/info", timeout=10).json()
+        assert info["prefix_caching"] is False
+        text = "The same prompt, twice over, with enough words to fill a block or two"
+        for _ in range(2):
+            post(lz, "/generate", {"inputs": text, "parameters": {"max_new_tokens": 1}})
+        metrics = requests.get(lz.url + "/metrics", timeout=10).text
+        assert "sonde_prefix_cache_hit_tokens_total 0" in metrics
     finally:
         lz.stop()
 

@@ -226,6 +226,8 @@ fn info(cfg: &ServerConfig, l: &ValidationLimits) -> Info {
         waiting_served_ratio: 0.3,
         max_waiting_tokens: 20,
         enable_prefill_logprobs: l.enable_prefill_logprobs,
+        prefix_caching: true,
+        prefix_block_tokens: 16,
         logprobs_mode: "raw".into(),
         max_vertex_instances: cfg.max_vertex_instances,
         max_score_items: cfg.max_score_items,
