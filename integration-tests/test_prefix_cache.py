@@ -2,13 +2,14 @@
 long context, one after another and all at once, and /v1/score items of one query, each
 answer compared with the same request on a server whose shard runs without the cache. The
 answers must be equal — every prompt logprob, top token, label logprob and generated token
-— while the cache reports the prompt tokens it supplied."""
+— while the cache reports the prompt tokens it supplied (Prometheus, OpenAI's usage)."""
 
 import concurrent.futures as cf
 
+import openai
 import pytest
 
-from sonde_http import ok_json, post
+from sonde_http import MODEL_ID, ok_json, post
 
 BLOCK = 16
 CONTEXT = (
@@ -90,3 +91,32 @@ def test_score_items_of_one_query_score_as_without_the_cache(server, cold):
     assert warm == ok_json(post(cold, "/v1/score", body))
     hits = _hits(server) - before
     assert hits >= (len(ENDINGS) - 1) * shared, f"{hits} prompt tokens from the cache"
+
+
+def test_openai_usage_counts_the_cached_prompt_tokens(server, cold):
+    """OpenAI's `usage.prompt_tokens_details.cached_tokens`, read by the official client:
+    what the cache supplied, streamed or not; 0 on a server without the cache."""
+    context = CONTEXT.replace("Which gas", "Which substance")
+    shared = _context_blocks(server, context)
+    warm_client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", timeout=300,
+                                max_retries=0)
+    cold_client = openai.OpenAI(base_url=cold.url + "/v1", api_key="x", timeout=300,
+                                max_retries=0)
+
+    def complete(client, ending):
+        return client.completions.create(model=MODEL_ID, prompt=context + ending, max_tokens=2,
+                                         temperature=0)
+
+    first = complete(warm_client, ENDINGS[0])
+    assert first.usage.prompt_tokens_details.cached_tokens == 0, "nothing was cached yet"
+    again = complete(warm_client, ENDINGS[1])
+    assert again.usage.prompt_tokens_details.cached_tokens >= shared
+    assert again.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens
+    assert complete(cold_client, ENDINGS[1]).usage.prompt_tokens_details.cached_tokens == 0
+    assert again.choices[0].text == complete(cold_client, ENDINGS[1]).choices[0].text
+
+    stream = warm_client.completions.create(model=MODEL_ID, prompt=context + ENDINGS[2],
+                                            max_tokens=2, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    usage = [c.usage for c in stream if c.usage is not None]
+    assert len(usage) == 1 and usage[0].prompt_tokens_details.cached_tokens >= shared

@@ -136,6 +136,8 @@ impl TextTracker {
 #[derive(Debug, Clone)]
 pub struct Generated {
     pub prompt: Vec<TokenScore>,
+    /// Prompt tokens the shard's prefix cache supplied.
+    pub cached_prompt_tokens: u32,
     pub tokens: Vec<TokenScore>,
     /// Every generated token decoded (stop sequence included).
     pub full_text: String,
@@ -151,6 +153,7 @@ pub async fn collect(
     mut tracker: TextTracker,
 ) -> Result<Generated, ApiError> {
     let mut prompt = Vec::new();
+    let mut cached_prompt_tokens = 0;
     let mut tokens = Vec::new();
     let finish = loop {
         let Some(event) = rx.recv().await else {
@@ -159,7 +162,13 @@ pub async fn collect(
             ));
         };
         match event? {
-            InferEvent::Prompt(scores) => prompt = scores,
+            InferEvent::Prompt {
+                scores,
+                cached_tokens,
+            } => {
+                prompt = scores;
+                cached_prompt_tokens = cached_tokens;
+            }
             InferEvent::Token { token, finish } => {
                 tracker.push(token.id);
                 tokens.push(token);
@@ -176,6 +185,7 @@ pub async fn collect(
     tracker.flush();
     Ok(Generated {
         prompt,
+        cached_prompt_tokens,
         tokens,
         full_text: tracker.full_text().to_string(),
         text: tracker.text_before_stop().to_string(),
@@ -188,6 +198,8 @@ pub async fn collect(
 pub struct Step {
     /// 0-based position among the generated tokens.
     pub index: u32,
+    /// Prompt tokens the prefix cache supplied; on the first step only, 0 after.
+    pub cached_prompt_tokens: u32,
     pub token: TokenScore,
     pub delta: String,
     /// Set on the last token.
@@ -206,6 +218,7 @@ struct StepState {
     rx: EventReceiver,
     tracker: TextTracker,
     index: u32,
+    cached_prompt_tokens: u32,
     done: bool,
 }
 
@@ -219,6 +232,7 @@ pub fn steps(
         rx,
         tracker,
         index: 0,
+        cached_prompt_tokens: 0,
         done: false,
     };
     futures::stream::unfold(state, |mut s| async move {
@@ -241,7 +255,10 @@ pub fn steps(
                 }
             };
             match event {
-                InferEvent::Prompt(_) => continue,
+                InferEvent::Prompt { cached_tokens, .. } => {
+                    s.cached_prompt_tokens = cached_tokens;
+                    continue;
+                }
                 // Only pure scoring ends without a token, and it cannot be streamed.
                 InferEvent::End(_) => return None,
                 InferEvent::Token { token, finish } => {
@@ -266,6 +283,7 @@ pub fn steps(
                     return Some((
                         Ok(Step {
                             index,
+                            cached_prompt_tokens: std::mem::take(&mut s.cached_prompt_tokens),
                             token,
                             delta,
                             last,

@@ -100,8 +100,12 @@ pub struct TokenScore {
 /// One step of one request, as the scheduler reports it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum InferEvent {
-    /// First event of every request: its prompt scores (empty unless asked for).
-    Prompt(Vec<TokenScore>),
+    /// First event of every request: its prompt scores (empty unless asked for) and the
+    /// prompt tokens the shard's prefix cache supplied.
+    Prompt {
+        scores: Vec<TokenScore>,
+        cached_tokens: u32,
+    },
     /// A generated token; `finish` is set on the last one.
     Token {
         token: TokenScore,

@@ -27,6 +27,8 @@ pub struct Generation {
     pub token: Option<TokenScore>,
     /// Set on the request's last step: the shard has dropped it from its batch.
     pub finish: Option<FinishReason>,
+    /// Prompt tokens the shard's prefix cache supplied (prefill only).
+    pub cached_prompt_tokens: u32,
 }
 
 /// The answer to a prefill or a decode.

@@ -234,8 +234,9 @@ async fn openai_completions_json_and_stream() {
     assert_eq!(lp["token_logprobs"], json!(vec![TOKEN_LOGPROB; 3]));
     assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
     let prompt = tokenizer().encode("Hi", true).unwrap().len();
-    let usage =
-        json!({"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3});
+    // The fake backend reports all but the last prompt token as cached.
+    let usage = json!({"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3,
+                       "prompt_tokens_details": {"cached_tokens": prompt - 1}});
     assert_eq!(b["usage"], usage);
 
     let options = json!({"include_usage": true});
@@ -252,6 +253,10 @@ async fn openai_completions_json_and_stream() {
     assert_eq!(events[2]["choices"][0]["finish_reason"], "length");
     assert_eq!(events[3]["choices"], json!([]));
     assert_eq!(events[3]["usage"]["completion_tokens"], 3);
+    assert_eq!(
+        events[3]["usage"]["prompt_tokens_details"]["cached_tokens"],
+        prompt - 1
+    );
     assert_eq!(events[4], "[DONE]");
 }
 

@@ -7,3 +7,4 @@ pub mod loader;
 pub mod model;
 pub mod sampling;
 pub mod server;
+mod wire;

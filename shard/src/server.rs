@@ -13,17 +13,20 @@ use sonde_proto::text_generation_service_server::{
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
-use crate::engine::{Engine, PrefixStats, StepOutput, MAX_LABEL_TOKENS, PREFIX_BLOCK_TOKENS};
+use crate::engine::types::{Batch, CachedBatch};
+use crate::engine::{Engine, StepOutput};
 use crate::error::EngineError;
+use crate::wire;
 
 type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 
 enum Command {
     Info(Reply<pb::InfoResponse>),
-    Warmup(pb::WarmupRequest, Reply<pb::WarmupResponse>),
-    Prefill(pb::Batch, Reply<StepOutput>),
+    /// Longest prompt and prompt tokens in all; answers the KV budget.
+    Warmup(usize, usize, Reply<usize>),
+    Prefill(Batch, Reply<StepOutput>),
     Decode(Vec<u64>, Reply<StepOutput>),
-    Filter(u64, Vec<u64>, Reply<pb::CachedBatch>),
+    Filter(u64, Vec<u64>, Reply<CachedBatch>),
     Clear(Option<u64>, Reply<()>),
 }
 
@@ -75,10 +78,10 @@ fn run_engine(mut engine: Engine, rx: std_mpsc::Receiver<Command>) {
         // A reply whose caller went away (client disconnected) is simply dropped.
         match cmd {
             Command::Info(reply) => {
-                let _ = reply.send(Ok(info(&engine)));
+                let _ = reply.send(Ok(wire::info(&engine)));
             }
-            Command::Warmup(req, reply) => {
-                let _ = reply.send(engine.warmup(&req));
+            Command::Warmup(input, prefill, reply) => {
+                let _ = reply.send(engine.warmup(input, prefill));
             }
             Command::Prefill(batch, reply) => {
                 let _ = reply.send(engine.prefill(batch));
@@ -94,33 +97,6 @@ fn run_engine(mut engine: Engine, rx: std_mpsc::Receiver<Command>) {
                 let _ = reply.send(Ok(()));
             }
         }
-    }
-}
-
-fn info(engine: &Engine) -> pb::InfoResponse {
-    let f = engine.facts();
-    pb::InfoResponse {
-        model_id: f.model_id.clone(),
-        architecture: f.architecture.clone(),
-        weights_format: f.weights_format.clone(),
-        dtype: f.dtype.clone(),
-        device: f.device.clone(),
-        vocab_size: f.vocab_size as u32,
-        eos_token_ids: f.eos_token_ids.clone(),
-        bos_token_id: f.bos_token_id,
-        max_context: f.max_context as u32,
-        max_batch_total_tokens: engine.config().max_batch_total_tokens as u32,
-        max_label_tokens: MAX_LABEL_TOKENS as u32,
-        prefix_caching: engine.prefix_caching(),
-        prefix_block_tokens: PREFIX_BLOCK_TOKENS as u32,
-    }
-}
-
-fn prefix_stats(s: PrefixStats) -> pb::PrefixCacheStats {
-    pb::PrefixCacheStats {
-        hit_tokens: s.hit_tokens,
-        evicted_tokens: s.evicted_tokens,
-        cached_tokens: s.cached_tokens,
     }
 }
 
@@ -150,9 +126,17 @@ impl TextGenerationService for Service {
         request: Request<pb::WarmupRequest>,
     ) -> Result<Response<pb::WarmupResponse>, Status> {
         let req = request.into_inner();
-        Ok(Response::new(
-            self.engine.call(|r| Command::Warmup(req, r)).await?,
-        ))
+        let (input, prefill) = (
+            req.max_input_tokens as usize,
+            req.max_prefill_tokens as usize,
+        );
+        let budget = self
+            .engine
+            .call(|r| Command::Warmup(input, prefill, r))
+            .await?;
+        Ok(Response::new(pb::WarmupResponse {
+            max_batch_total_tokens: budget as u32,
+        }))
     }
 
     async fn prefill(
@@ -164,13 +148,16 @@ impl TextGenerationService for Service {
             .into_inner()
             .batch
             .ok_or_else(|| Status::invalid_argument("PrefillRequest has no batch"))?;
+        let batch = wire::batch(batch)?;
         let out = self.engine.call(|r| Command::Prefill(batch, r)).await?;
+        let (forward_ns, prefix) = (out.forward_ns, out.prefix);
+        let (generations, batch) = wire::step(out);
         Ok(Response::new(pb::PrefillResponse {
-            generations: out.generations,
-            batch: out.batch,
-            forward_ns: out.forward_ns,
+            generations,
+            batch,
+            forward_ns,
             total_ns: started.elapsed().as_nanos() as u64,
-            prefix_cache: Some(prefix_stats(out.prefix)),
+            prefix_cache: Some(wire::prefix_stats(prefix)),
         }))
     }
 
@@ -181,10 +168,12 @@ impl TextGenerationService for Service {
         let started = Instant::now();
         let ids = request.into_inner().batches.iter().map(|b| b.id).collect();
         let out = self.engine.call(|r| Command::Decode(ids, r)).await?;
+        let forward_ns = out.forward_ns;
+        let (generations, batch) = wire::step(out);
         Ok(Response::new(pb::DecodeResponse {
-            generations: out.generations,
-            batch: out.batch,
-            forward_ns: out.forward_ns,
+            generations,
+            batch,
+            forward_ns,
             total_ns: started.elapsed().as_nanos() as u64,
         }))
     }
@@ -199,7 +188,7 @@ impl TextGenerationService for Service {
             .call(|r| Command::Filter(req.batch_id, req.request_ids, r))
             .await?;
         Ok(Response::new(pb::FilterBatchResponse {
-            batch: Some(batch),
+            batch: Some(wire::cached(batch)),
         }))
     }
 

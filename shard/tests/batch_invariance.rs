@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use common::*;
-use sonde_proto as pb;
+use sonde_shard::engine::types::{Batch, Request, TokenScore};
 use sonde_shard::engine::Engine;
 use sonde_tokenizer::ModelTokenizer;
 
@@ -74,9 +74,9 @@ fn assert_same(a: &Outcome, b: &Outcome, what: &str) {
     for (x, y) in pairs {
         assert_eq!(x.id, y.id, "{what}");
         assert_eq!(x.rank, y.rank, "{what}: rank of {}", x.id);
-        let ids = |t: &pb::TokenScores| t.top_tokens.iter().map(|t| t.id).collect::<Vec<_>>();
+        let ids = |t: &TokenScore| t.top_tokens.iter().map(|t| t.id).collect::<Vec<_>>();
         assert_eq!(ids(x), ids(y), "{what}: top ids");
-        let nums = |t: &pb::TokenScores| {
+        let nums = |t: &TokenScore| {
             let mut v: Vec<f32> = t.logprob.into_iter().chain(t.logit).collect();
             v.extend(t.top_tokens.iter().map(|t| t.logprob));
             v.extend(&t.label_logprobs);
@@ -112,11 +112,11 @@ fn check_model(path: &Path, sampled: bool) {
     // Joining mid-decode: 8 requests run 4 steps, then the subject is prefilled and the two
     // batches decode together.
     let mut out: HashMap<u64, Outcome> = HashMap::new();
-    let first: Vec<pb::Request> = (0..8u64)
+    let first: Vec<Request> = (0..8u64)
         .map(|i| Req::new(i, &prompts[(i * 3) as usize], 20).ignore_eos().0)
         .collect();
     let step = engine
-        .prefill(pb::Batch {
+        .prefill(Batch {
             id: 10,
             requests: first,
         })
@@ -127,7 +127,7 @@ fn check_model(path: &Path, sampled: bool) {
         absorb(&mut out, step.generations);
     }
     let step = engine
-        .prefill(pb::Batch {
+        .prefill(Batch {
             id: 11,
             requests: vec![target(999, subject, sampled).0],
         })

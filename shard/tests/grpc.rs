@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use sonde_proto as pb;
 use sonde_proto::text_generation_service_client::TextGenerationServiceClient;
+use sonde_shard::engine::types::FinishReason;
 use sonde_shard::server::{serve, ServeConfig};
 use sonde_tokenizer::ModelTokenizer;
 use tokio::sync::oneshot;
@@ -107,7 +108,7 @@ impl Shard {
         let step = self.prefill(batch_id, reqs).await.unwrap();
         assert_eq!(step.generations.len(), n);
         let mut out = HashMap::new();
-        absorb(&mut out, step.generations);
+        absorb_proto(&mut out, step.generations);
         let mut cached = step.batch;
         while let Some(b) = cached {
             assert_eq!(b.id, batch_id);
@@ -123,7 +124,7 @@ impl Shard {
                     g.request_id
                 );
             }
-            absorb(&mut out, step.generations);
+            absorb_proto(&mut out, step.generations);
             cached = step.batch;
         }
         assert_eq!(out.len(), n);
@@ -145,7 +146,7 @@ impl Shard {
             2,
             "after an error the shard no longer serves"
         );
-        assert_eq!(out.finish_reason, Some(pb::FinishReason::Length as i32));
+        assert_eq!(out.finish_reason, Some(FinishReason::Length));
     }
 }
 
@@ -162,7 +163,7 @@ impl Drop for Shard {
 fn batch(id: u64, reqs: Vec<Req>) -> pb::Batch {
     pb::Batch {
         id,
-        requests: reqs.into_iter().map(|r| r.0).collect(),
+        requests: reqs.iter().map(|r| to_proto(&r.0)).collect(),
     }
 }
 
@@ -213,7 +214,7 @@ async fn greedy_chat_over_grpc_names_paris_and_stops_on_eos() {
     assert!(text.contains("Paris"), "{text:?}");
     assert_eq!(
         out.finish_reason,
-        Some(pb::FinishReason::EosToken as i32),
+        Some(FinishReason::EosToken),
         "{} tokens: {text:?}",
         out.tokens.len()
     );
@@ -350,11 +351,11 @@ async fn batches_merge_filter_and_clear_over_the_protocol() {
 
     // Batch A: requests 1 and 2, two decode steps.
     let step = shard.prefill(100, vec![req(0), req(1)]).await.unwrap();
-    absorb(&mut seen, step.generations);
+    absorb_proto(&mut seen, step.generations);
     let mut a = step.batch.unwrap();
     for _ in 0..2 {
         let step = shard.decode(vec![a]).await.unwrap();
-        absorb(&mut seen, step.generations);
+        absorb_proto(&mut seen, step.generations);
         a = step.batch.unwrap();
     }
     assert_eq!(a.id, 100);
@@ -362,7 +363,7 @@ async fn batches_merge_filter_and_clear_over_the_protocol() {
 
     // Batch B: request 3 joins.
     let step = shard.prefill(200, vec![req(2)]).await.unwrap();
-    absorb(&mut seen, step.generations);
+    absorb_proto(&mut seen, step.generations);
     let b = step.batch.unwrap();
     assert_eq!((b.id, b.request_ids.clone()), (200, vec![3]));
 
@@ -374,7 +375,7 @@ async fn batches_merge_filter_and_clear_over_the_protocol() {
         .map(|g| (g.request_id, g.generated_tokens))
         .collect();
     assert_eq!(generated, HashMap::from([(1, 4), (2, 4), (3, 2)]));
-    absorb(&mut seen, step.generations);
+    absorb_proto(&mut seen, step.generations);
     let merged = step.batch.unwrap();
     assert_eq!(merged.id, 100);
     let mut ids = merged.request_ids.clone();
@@ -406,7 +407,7 @@ async fn batches_merge_filter_and_clear_over_the_protocol() {
     let step = shard.decode(vec![kept.clone()]).await.unwrap();
     assert_eq!(step.generations.len(), 1);
     assert_eq!(step.generations[0].request_id, 2);
-    absorb(&mut seen, step.generations);
+    absorb_proto(&mut seen, step.generations);
 
     // While request 2 holds its reservation the whole budget is not free...
     let whole: Vec<u32> = (1000..1248).collect();

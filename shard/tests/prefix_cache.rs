@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use common::*;
-use sonde_proto as pb;
 use sonde_proto::WeightQuant;
+use sonde_shard::engine::types::Batch;
 use sonde_shard::engine::{Engine, PREFIX_BLOCK_TOKENS as B};
 use sonde_shard::loader::LoadOptions;
 use sonde_tokenizer::ModelTokenizer;
@@ -199,7 +199,7 @@ fn the_cache_gives_way_to_admission_under_the_budget() {
     let a: Vec<u32> = other.iter().cycle().take(10 * B).copied().collect();
     let b: Vec<u32> = a.iter().rev().copied().collect();
     let step = warm
-        .prefill(pb::Batch {
+        .prefill(Batch {
             id: 7,
             requests: vec![
                 Req::new(2, &a, B as u32 / 2).ignore_eos().0,

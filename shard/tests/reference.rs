@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use serde_json::Value;
-use sonde_proto as pb;
 use sonde_proto::WeightQuant;
+use sonde_shard::engine::types::TokenScore;
 
 struct RefPrompt {
     ids: Vec<u32>,
@@ -259,7 +259,7 @@ fn f32_top_tokens_match_reference_order() {
     let mut checked = 0;
     for pos in 1..p.ids.len() {
         let want = &p.top[pos - 1];
-        let got: &pb::TokenScores = &out.prefill[pos];
+        let got: &TokenScore = &out.prefill[pos];
         for k in 0..5 {
             // Neighbours closer than f32 noise may legitimately swap.
             let gap_ok =

@@ -7,7 +7,8 @@
 mod common;
 
 use common::*;
-use sonde_proto as pb;
+use sonde_proto::LogprobsMode;
+use sonde_shard::engine::types::TokenScore;
 use sonde_tokenizer::ModelTokenizer;
 
 const VOCAB: u32 = 49_152;
@@ -22,7 +23,7 @@ fn prompt() -> Vec<u32> {
     .unwrap()
 }
 
-fn full(t: &pb::TokenScores) -> Vec<(u32, f32)> {
+fn full(t: &TokenScore) -> Vec<(u32, f32)> {
     t.top_tokens.iter().map(|t| (t.id, t.logprob)).collect()
 }
 
@@ -90,7 +91,7 @@ fn raw_scores_agree_with_the_full_distribution() {
 fn processed_scores_are_the_sampled_distribution() {
     let ids = prompt();
     let mut engine = engine(&gguf_path(), 4096);
-    let req = |id, mode: pb::LogprobsMode| {
+    let req = |id, mode: LogprobsMode| {
         Req::new(id, &ids, 8)
             .ignore_eos()
             .sampling(|p| {
@@ -104,11 +105,11 @@ fn processed_scores_are_the_sampled_distribution() {
             .scores(|s| {
                 s.top_n_tokens = VOCAB;
                 s.return_logits = true;
-                s.logprobs_mode = mode as i32;
+                s.logprobs_mode = mode;
             })
     };
-    let processed = run_one(&mut engine, req(1, pb::LogprobsMode::Processed));
-    let raw = run_one(&mut engine, req(2, pb::LogprobsMode::Raw));
+    let processed = run_one(&mut engine, req(1, LogprobsMode::Processed));
+    let raw = run_one(&mut engine, req(2, LogprobsMode::Raw));
     // The mode changes what is reported, never what is sampled.
     assert_eq!(processed.ids(), raw.ids());
     for (p, r) in processed.tokens.iter().zip(&raw.tokens) {

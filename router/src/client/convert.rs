@@ -55,6 +55,7 @@ fn generation(g: pb::Generation) -> Generation {
         prefill: g.prefill.into_iter().map(token_score).collect(),
         token: g.token.map(token_score),
         finish: g.finish_reason.and_then(finish_reason),
+        cached_prompt_tokens: g.cached_prompt_tokens,
     }
 }
 

@@ -14,7 +14,10 @@ use super::types::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs, ChatMessage, ChatRequest,
     ChatResponse, ChatTokenLogprob, TopLogprob, Usage,
 };
-use super::{finish_reason, merge_choices, new_id, now, usage, ChatNames, ChoiceStream, Shared};
+use super::{
+    choice_stream, finish_reason, merge_choices, new_id, now, usage, ChatNames, ChoiceStream,
+    Counts, Shared,
+};
 use crate::error::{ApiError, ErrorBody};
 use crate::generation::{collect, json_logprob, steps, Step, TextTracker};
 use crate::infer::TokenScore;
@@ -156,7 +159,11 @@ pub(crate) async fn run(ready: &Ready, p: Prepared) -> Result<ChatResponse, ApiE
     });
     let results = try_join_all(runs).await?;
     let prompt_tokens = p.valid.request.input_ids.len() as u32;
-    let completion_tokens = results.iter().map(|g| g.tokens.len() as u32).sum::<u32>();
+    let counts = Counts {
+        completion: results.iter().map(|g| g.tokens.len() as u32).sum(),
+        // The prompt counts once: as its first choice found it.
+        cached: results.first().map_or(0, |g| g.cached_prompt_tokens),
+    };
     let choices = results
         .into_iter()
         .enumerate()
@@ -178,7 +185,7 @@ pub(crate) async fn run(ready: &Ready, p: Prepared) -> Result<ChatResponse, ApiE
         created: now(),
         model: ready.info.model_id.clone(),
         choices,
-        usage: usage(prompt_tokens, completion_tokens),
+        usage: usage(prompt_tokens, counts),
     })
 }
 
@@ -220,7 +227,7 @@ fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Re
     for i in 0..p.valid.generations {
         let rx = ready.backend.schedule(p.valid.generation(i))?;
         let tracker = TextTracker::new(tokenizer.clone(), p.valid.stop.clone());
-        choices.push(steps(rx, tracker).map(move |s| (i, s)).boxed());
+        choices.push(choice_stream(i, steps(rx, tracker), i == 0));
     }
     let response = move |choices: Vec<ChatChunkChoice>, usage: Option<Usage>| ChatChunk {
         id: id.clone(),
@@ -250,9 +257,9 @@ fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Re
         .collect();
     let usage_chunk = p.include_usage.then(|| {
         let response = response.clone();
-        Box::new(move |generated| {
-            json_event(&response(Vec::new(), Some(usage(prompt_tokens, generated))))
-        }) as Box<dyn FnOnce(u32) -> Event + Send>
+        Box::new(move |counts| {
+            json_event(&response(Vec::new(), Some(usage(prompt_tokens, counts))))
+        }) as Box<dyn FnOnce(Counts) -> Event + Send>
     });
     let logprobs = p.logprobs;
     let chunk = move |index: u32, step: Step| {

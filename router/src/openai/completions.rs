@@ -5,7 +5,6 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::future::try_join_all;
-use futures::StreamExt;
 use sonde_tokenizer::ModelTokenizer;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -13,7 +12,8 @@ use super::types::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptInput, Usage,
 };
 use super::{
-    finish_reason, merge_choices, new_id, now, usage, ChoiceStream, CompletionNames, Shared,
+    choice_stream, finish_reason, merge_choices, new_id, now, usage, ChoiceStream, CompletionNames,
+    Counts, Shared,
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::generation::{collect, json_logprob, steps, Step, TextTracker};
@@ -174,17 +174,21 @@ pub(crate) async fn run(ready: &Ready, p: Prepared) -> Result<CompletionResponse
             async move {
                 let rx = ready.backend.schedule(request)?;
                 let g = collect(rx, tracker).await?;
-                Ok::<_, ApiError>((prompt, g))
+                Ok::<_, ApiError>((prompt, i, g))
             }
         })
     });
     let results = try_join_all(runs).await?;
     // A prompt counts once however many choices it has.
     let prompt_tokens = prompt_tokens(&p);
-    let mut completion_tokens = 0;
+    let mut counts = Counts::default();
     let mut choices = Vec::with_capacity(results.len());
-    for (index, (prompt, g)) in results.into_iter().enumerate() {
-        completion_tokens += g.tokens.len() as u32;
+    for (index, (prompt, generation, g)) in results.into_iter().enumerate() {
+        counts.completion += g.tokens.len() as u32;
+        // A prompt counts once: as its first choice found it.
+        if generation == 0 {
+            counts.cached += g.cached_prompt_tokens;
+        }
         let text = if p.echo {
             format!("{prompt}{}", g.text)
         } else {
@@ -215,7 +219,7 @@ pub(crate) async fn run(ready: &Ready, p: Prepared) -> Result<CompletionResponse
         created: now(),
         model: ready.info.model_id.clone(),
         choices,
-        usage: Some(usage(prompt_tokens, completion_tokens)),
+        usage: Some(usage(prompt_tokens, counts)),
     })
 }
 
@@ -274,7 +278,7 @@ fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Re
             let index = choices.len() as u32;
             let rx = ready.backend.schedule(valid.generation(i))?;
             let tracker = TextTracker::new(tokenizer.clone(), valid.stop.clone());
-            choices.push(steps(rx, tracker).map(move |s| (index, s)).boxed());
+            choices.push(choice_stream(index, steps(rx, tracker), i == 0));
             echo.push(p.echo.then(|| prompt.clone()));
             offsets.push(prompt.chars().count() as u32);
         }
@@ -289,9 +293,9 @@ fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Re
     };
     let usage_chunk = p.include_usage.then(|| {
         let response = response.clone();
-        Box::new(move |generated| {
-            json_event(&response(Vec::new(), Some(usage(prompt_tokens, generated))))
-        }) as Box<dyn FnOnce(u32) -> Event + Send>
+        Box::new(move |counts| {
+            json_event(&response(Vec::new(), Some(usage(prompt_tokens, counts))))
+        }) as Box<dyn FnOnce(Counts) -> Event + Send>
     });
     let logprobs = p.logprobs;
     let chunk = move |index: u32, step: Step| {

@@ -30,7 +30,7 @@ use crate::invalid;
 use crate::request::{Field, FieldNames, GenerationSpec, Prompt, SamplingSpec};
 use crate::sse::{done_event, sse_error};
 use crate::state::AppState;
-use types::{Model, ModelList, StringOrList, Usage};
+use types::{Model, ModelList, PromptTokensDetails, StringOrList, Usage};
 
 /// The fields completions and chat share, checked with OpenAI's names.
 pub(crate) struct Shared {
@@ -139,18 +139,48 @@ fn openai_name(
 /// One choice's tokens, tagged with the choice's index.
 pub(crate) type ChoiceStream = BoxStream<'static, (u32, Result<Step, ApiError>)>;
 
+/// A choice's steps, tagged with its index. A prompt's tokens count once in `usage`
+/// however many choices it has, so only its first choice reports what the prefix cache
+/// supplied.
+pub(crate) fn choice_stream(
+    index: u32,
+    steps: impl Stream<Item = Result<Step, ApiError>> + Send + 'static,
+    first_of_prompt: bool,
+) -> ChoiceStream {
+    steps
+        .map(move |s| {
+            let s = s.map(|mut step| {
+                if !first_of_prompt {
+                    step.cached_prompt_tokens = 0;
+                }
+                step
+            });
+            (index, s)
+        })
+        .boxed()
+}
+
+/// Tokens an answer used beyond its prompt's, for its `usage`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Counts {
+    pub completion: u32,
+    /// Prompt tokens the prefix cache supplied.
+    pub cached: u32,
+}
+
 /// Merges the choices of one request into one SSE stream: `chunk` writes each token's
 /// event; the first error becomes an error event (the other choices failed alike); then
-/// the usage chunk when asked for (`usage_chunk` gets the generated token count) and
+/// the usage chunk when asked for (`usage_chunk` gets the counts) and
 /// `[DONE]`. The permit is held until the stream ends or the client leaves.
 pub(crate) fn merge_choices(
     choices: Vec<ChoiceStream>,
     mut chunk: impl FnMut(u32, Step) -> Event + Send + 'static,
-    usage_chunk: Option<Box<dyn FnOnce(u32) -> Event + Send>>,
+    usage_chunk: Option<Box<dyn FnOnce(Counts) -> Event + Send>>,
     permit: OwnedSemaphorePermit,
 ) -> impl Stream<Item = Event> + Send {
     let generated = Arc::new(AtomicU32::new(0));
-    let counted = generated.clone();
+    let cached = Arc::new(AtomicU32::new(0));
+    let (counted, cached_counted) = (generated.clone(), cached.clone());
     let mut failed = false;
     let events = futures::stream::select_all(choices).filter_map(move |(index, step)| {
         let _held = &permit;
@@ -162,6 +192,7 @@ pub(crate) fn merge_choices(
             Err(_) => None,
             Ok(step) => {
                 counted.fetch_add(1, Ordering::Relaxed);
+                cached_counted.fetch_add(step.cached_prompt_tokens, Ordering::Relaxed);
                 Some(chunk(index, step))
             }
         };
@@ -170,7 +201,10 @@ pub(crate) fn merge_choices(
     let tail = futures::stream::once(async move {
         let mut tail = Vec::new();
         if let Some(usage_chunk) = usage_chunk {
-            tail.push(usage_chunk(generated.load(Ordering::Relaxed)));
+            tail.push(usage_chunk(Counts {
+                completion: generated.load(Ordering::Relaxed),
+                cached: cached.load(Ordering::Relaxed),
+            }));
         }
         tail.push(done_event());
         futures::stream::iter(tail)
@@ -179,11 +213,14 @@ pub(crate) fn merge_choices(
     events.chain(tail)
 }
 
-pub(crate) fn usage(prompt_tokens: u32, completion_tokens: u32) -> Usage {
+pub(crate) fn usage(prompt_tokens: u32, counts: Counts) -> Usage {
     Usage {
         prompt_tokens,
-        completion_tokens,
-        total_tokens: prompt_tokens + completion_tokens,
+        completion_tokens: counts.completion,
+        total_tokens: prompt_tokens + counts.completion,
+        prompt_tokens_details: PromptTokensDetails {
+            cached_tokens: counts.cached,
+        },
     }
 }
 

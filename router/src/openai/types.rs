@@ -172,6 +172,14 @@ pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens the prefix cache supplied instead of computing them (a prompt with
+    /// several choices counts once, as its first choice found it).
+    pub cached_tokens: u32,
 }
 
 #[derive(Debug, Clone, Default, Serialize, ToSchema)]

@@ -269,7 +269,10 @@ impl<S: Shard> Batcher<S> {
             };
             let finish = g.finish;
             if prefill {
-                let _ = entry.tx.send(Ok(InferEvent::Prompt(g.prefill)));
+                let _ = entry.tx.send(Ok(InferEvent::Prompt {
+                    scores: g.prefill,
+                    cached_tokens: g.cached_prompt_tokens,
+                }));
             }
             match g.token {
                 Some(token) => {

@@ -95,6 +95,7 @@ fn step(id: u64, mut batch: Vec<Running>, state: &mut State) -> StepOutput {
             prefill: Vec::new(),
             token: Some(token(r.first_token + r.generated - 1)),
             finish,
+            cached_prompt_tokens: 0,
         });
     }
     batch.retain(|r| r.generated < r.max_new_tokens);
@@ -242,7 +243,7 @@ async fn receive(mut rx: EventReceiver, mut got: Received) -> Received {
                 got.tokens.push(token.id);
                 got.finish = finish;
             }
-            Ok(InferEvent::Prompt(_)) => {}
+            Ok(InferEvent::Prompt { .. }) => {}
             Ok(InferEvent::End(f)) => got.finish = Some(f),
             Err(e) => got.error = Some(e),
         }

@@ -143,7 +143,12 @@ impl Backend for FakeBackend {
             } else {
                 Vec::new()
             };
-            let _ = tx.send(Ok(InferEvent::Prompt(prompt)));
+            // As if the prefix cache held all but the last prompt token.
+            let cached_tokens = r.input_ids.len().saturating_sub(1) as u32;
+            let _ = tx.send(Ok(InferEvent::Prompt {
+                scores: prompt,
+                cached_tokens,
+            }));
             if r.max_new_tokens == 0 {
                 let _ = tx.send(Ok(InferEvent::End(FinishReason::Length)));
             }

@@ -5,11 +5,10 @@ mod prefix;
 mod scoring;
 mod sequence;
 mod step;
+pub mod types;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
-
-use sonde_proto as pb;
 
 use crate::error::EngineError;
 use crate::loader::{LoadedModel, ModelFacts};
@@ -20,6 +19,7 @@ pub use prefix::{PrefixStats, BLOCK_TOKENS as PREFIX_BLOCK_TOKENS};
 use scoring::Scorer;
 pub use sequence::MAX_LABEL_TOKENS;
 use sequence::{Sequence, ValidRequest};
+use types::{Batch, CachedBatch, Generation, Request, StopOptions};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -45,9 +45,9 @@ impl Default for EngineConfig {
 
 /// What one Prefill or Decode step produced.
 pub struct StepOutput {
-    pub generations: Vec<pb::Generation>,
+    pub generations: Vec<Generation>,
     /// The requests still running, under the step's batch id; none when all finished.
-    pub batch: Option<pb::CachedBatch>,
+    pub batch: Option<CachedBatch>,
     pub forward_ns: u64,
     pub prefix: PrefixStats,
 }
@@ -107,7 +107,7 @@ impl Engine {
     ///
     /// Requests that share a prefix with an earlier one of the same batch run in a second
     /// wave, after the first has cached it (`prefix::second_wave`).
-    pub fn prefill(&mut self, batch: pb::Batch) -> Result<StepOutput, EngineError> {
+    pub fn prefill(&mut self, batch: Batch) -> Result<StepOutput, EngineError> {
         let requests = self.admit(&batch)?;
         // The cache gives up the room this batch reserves: it never holds admission back.
         let needed: usize = requests.iter().map(ValidRequest::reservation).sum();
@@ -154,7 +154,7 @@ impl Engine {
         seqs: &mut [Sequence],
         prompts: &[Vec<u32>],
         first_wave: usize,
-    ) -> Result<Vec<pb::Generation>, EngineError> {
+    ) -> Result<Vec<Generation>, EngineError> {
         let (first, second) = seqs.split_at_mut(first_wave);
         let mut generations = self.prefill_step(first, &prompts[..first_wave])?;
         if !second.is_empty() {
@@ -196,7 +196,7 @@ impl Engine {
     }
 
     /// Keeps only `keep` of a held batch; the others' caches are freed.
-    pub fn filter(&mut self, batch_id: u64, keep: &[u64]) -> Result<pb::CachedBatch, EngineError> {
+    pub fn filter(&mut self, batch_id: u64, keep: &[u64]) -> Result<CachedBatch, EngineError> {
         let seqs = self
             .batches
             .remove(&batch_id)
@@ -229,27 +229,33 @@ impl Engine {
 
     /// Runs a prefill as large as the router will send, and one decode step, so the first
     /// real request finds its buffers and kernels ready; frees everything afterwards.
-    pub fn warmup(&mut self, req: &pb::WarmupRequest) -> Result<pb::WarmupResponse, EngineError> {
+    /// Prompts are at most `max_input_tokens` long and `max_prefill_tokens` in all; returns
+    /// the KV budget.
+    pub fn warmup(
+        &mut self,
+        max_input_tokens: usize,
+        max_prefill_tokens: usize,
+    ) -> Result<usize, EngineError> {
         const NEW_TOKENS: usize = 2;
         let budget = self.cfg.max_batch_total_tokens;
-        let input = (req.max_input_tokens as usize)
+        let input = max_input_tokens
             .min(self.facts.max_context.saturating_sub(NEW_TOKENS))
             .max(1);
-        let mut left = (req.max_prefill_tokens as usize).min(budget).max(1);
+        let mut left = max_prefill_tokens.min(budget).max(1);
         let mut requests = Vec::new();
         while left > 0 && (requests.len() + 1) * (input.min(left) + NEW_TOKENS) <= budget {
             let len = input.min(left);
             let id = u64::MAX - requests.len() as u64;
-            requests.push(pb::Request {
+            requests.push(Request {
                 id,
                 input_ids: (0..len)
                     .map(|i| (i % self.facts.vocab_size) as u32)
                     .collect(),
-                stopping: Some(pb::StoppingParameters {
+                stopping: StopOptions {
                     max_new_tokens: NEW_TOKENS as u32,
                     ignore_eos_token: true,
                     ..Default::default()
-                }),
+                },
                 ..Default::default()
             });
             left -= len;
@@ -260,14 +266,12 @@ impl Engine {
         let result = self.warmup_steps(requests);
         self.prefix.set_enabled(prefix_cache);
         result?;
-        Ok(pb::WarmupResponse {
-            max_batch_total_tokens: budget as u32,
-        })
+        Ok(budget)
     }
 
-    fn warmup_steps(&mut self, requests: Vec<pb::Request>) -> Result<(), EngineError> {
+    fn warmup_steps(&mut self, requests: Vec<Request>) -> Result<(), EngineError> {
         let batch_id = u64::MAX;
-        self.prefill(pb::Batch {
+        self.prefill(Batch {
             id: batch_id,
             requests,
         })?;
@@ -279,7 +283,7 @@ impl Engine {
     }
 
     /// Validates a new batch against the model and the budget; allocates nothing.
-    fn admit(&self, batch: &pb::Batch) -> Result<Vec<ValidRequest>, EngineError> {
+    fn admit(&self, batch: &Batch) -> Result<Vec<ValidRequest>, EngineError> {
         if self.batches.contains_key(&batch.id) {
             return Err(EngineError::InvalidRequest(format!(
                 "batch {} is already cached; batch ids must be new",
@@ -322,7 +326,7 @@ impl Engine {
         &mut self,
         batch_id: u64,
         seqs: Vec<Sequence>,
-        result: Result<Vec<pb::Generation>, EngineError>,
+        result: Result<Vec<Generation>, EngineError>,
         forward_ns: u64,
     ) -> Result<StepOutput, EngineError> {
         let generations = match result {
@@ -361,10 +365,10 @@ impl Engine {
     }
 }
 
-fn cached_batch(id: u64, seqs: &[Sequence]) -> pb::CachedBatch {
-    pb::CachedBatch {
+fn cached_batch(id: u64, seqs: &[Sequence]) -> CachedBatch {
+    CachedBatch {
         id,
         request_ids: seqs.iter().map(|s| s.id).collect(),
-        reserved_tokens: seqs.iter().map(Sequence::reservation).sum::<usize>() as u32,
+        reserved_tokens: seqs.iter().map(Sequence::reservation).sum(),
     }
 }

@@ -1,8 +1,7 @@
-//! Turns rows of logits into chosen tokens and their scores, as protocol messages.
-
-use sonde_proto as pb;
+//! Turns rows of logits into chosen tokens and their scores.
 
 use super::sequence::{ScoreSpec, Sequence};
+use super::types::{TokenScore, TopToken};
 use crate::error::EngineError;
 use sonde_proto::LogprobsMode;
 
@@ -27,7 +26,7 @@ impl Scorer {
         &mut self,
         seq: &mut Sequence,
         row: &[f32],
-    ) -> Result<pb::TokenScores, EngineError> {
+    ) -> Result<TokenScore, EngineError> {
         let choice = seq
             .sampler
             .next_token(row, &mut self.sample)
@@ -43,7 +42,7 @@ impl Scorer {
         )
         .map_err(|e| EngineError::Scoring(e.to_string()))?;
         seq.sampler.push(token);
-        Ok(to_proto(token, scores))
+        Ok(token_score(token, scores))
     }
 
     /// Scores the prompt token that followed the position whose logits are `row`.
@@ -53,17 +52,17 @@ impl Scorer {
         spec: &ScoreSpec,
         row: &[f32],
         token: u32,
-    ) -> Result<pb::TokenScores, EngineError> {
+    ) -> Result<TokenScore, EngineError> {
         let opts = options(spec, LogprobsMode::Raw);
         let scores = score_token(row, token, &opts, None, &mut self.score)
             .map_err(|e| EngineError::Scoring(e.to_string()))?;
-        Ok(to_proto(token, scores))
+        Ok(token_score(token, scores))
     }
 }
 
 /// The first prompt token: nothing precedes it, so it has an id and nothing else.
-pub fn first_prompt_token(token: u32) -> pb::TokenScores {
-    pb::TokenScores {
+pub fn first_prompt_token(token: u32) -> TokenScore {
+    TokenScore {
         id: token,
         ..Default::default()
     }
@@ -78,12 +77,12 @@ fn options(spec: &ScoreSpec, mode: LogprobsMode) -> ScoreOptions<'_> {
     }
 }
 
-fn to_proto(token: u32, s: TokenScores) -> pb::TokenScores {
+fn token_score(token: u32, s: TokenScores) -> TokenScore {
     let top_tokens = s
         .top
         .into_iter()
-        .map(|(id, logprob)| pb::TopToken { id, logprob });
-    pb::TokenScores {
+        .map(|(id, logprob)| TopToken { id, logprob });
+    TokenScore {
         id: token,
         logprob: Some(s.logprob),
         logit: s.logit,

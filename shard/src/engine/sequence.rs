@@ -1,7 +1,8 @@
 //! One request as the engine holds it: validated options, its sampler and its KV cache.
 
-use sonde_proto as pb;
+use sonde_proto::LogprobsMode;
 
+use super::types::{FinishReason, Request};
 use crate::error::EngineError;
 use crate::loader::ModelFacts;
 use crate::model::SeqCache;
@@ -15,7 +16,7 @@ pub const MAX_LABEL_TOKENS: usize = 128;
 pub struct ScoreSpec {
     pub top_n_tokens: usize,
     pub prefill_logprobs: bool,
-    pub mode: pb::LogprobsMode,
+    pub mode: LogprobsMode,
     pub return_logits: bool,
     pub labels: Vec<u32>,
 }
@@ -29,13 +30,13 @@ pub struct Stopping {
 
 impl Stopping {
     /// Why generation ends after `token`, the `generated`-th token, if it does.
-    pub fn finish_reason(&self, token: u32, generated: usize) -> Option<pb::FinishReason> {
+    pub fn finish_reason(&self, token: u32, generated: usize) -> Option<FinishReason> {
         if self.eos_token_ids.contains(&token) {
-            Some(pb::FinishReason::EosToken)
+            Some(FinishReason::EosToken)
         } else if self.stop_token_ids.contains(&token) {
-            Some(pb::FinishReason::StopToken)
+            Some(FinishReason::StopToken)
         } else if generated >= self.max_new_tokens {
-            Some(pb::FinishReason::Length)
+            Some(FinishReason::Length)
         } else {
             None
         }
@@ -57,7 +58,7 @@ impl ValidRequest {
         self.input_ids.len() + self.stopping.max_new_tokens
     }
 
-    pub fn validate(req: pb::Request, facts: &ModelFacts) -> Result<Self, EngineError> {
+    pub fn validate(req: Request, facts: &ModelFacts) -> Result<Self, EngineError> {
         let id = req.id;
         let bad = |msg: String| EngineError::InvalidRequest(format!("request {id}: {msg}"));
         let vocab = facts.vocab_size;
@@ -76,24 +77,25 @@ impl ValidRequest {
         };
         check_ids("input_ids", &req.input_ids)?;
 
-        let stopping = req.stopping.unwrap_or_default();
-        let score = req.scores.unwrap_or_default();
+        let Request {
+            stopping, scores, ..
+        } = req;
         check_ids("stopping.stop_token_ids", &stopping.stop_token_ids)?;
-        check_ids("scores.logprob_token_ids", &score.logprob_token_ids)?;
-        if score.logprob_token_ids.len() > MAX_LABEL_TOKENS {
+        check_ids("scores.logprob_token_ids", &scores.logprob_token_ids)?;
+        if scores.logprob_token_ids.len() > MAX_LABEL_TOKENS {
             return Err(bad(format!(
                 "scores.logprob_token_ids names {} ids; at most {MAX_LABEL_TOKENS} are allowed",
-                score.logprob_token_ids.len()
+                scores.logprob_token_ids.len()
             )));
         }
-        if score.top_n_tokens as usize > vocab {
+        if scores.top_n_tokens as usize > vocab {
             return Err(bad(format!(
                 "scores.top_n_tokens is {}, more than the vocabulary's {vocab} tokens",
-                score.top_n_tokens
+                scores.top_n_tokens
             )));
         }
         let max_new_tokens = stopping.max_new_tokens as usize;
-        if max_new_tokens == 0 && !score.prefill_logprobs {
+        if max_new_tokens == 0 && !scores.prefill_logprobs {
             return Err(bad(
                 "stopping.max_new_tokens is 0 without scores.prefill_logprobs: \
                  the request would compute nothing"
@@ -109,30 +111,11 @@ impl ValidRequest {
                 facts.max_context
             )));
         }
-        let s = req.sampling.unwrap_or_default();
-        // proto3 cannot tell an unset float from 0; 0 means "off" for these (see the proto).
-        let or_off = |x: f32| if x == 0.0 { 1.0 } else { x };
-        let sampling = SamplingParams {
-            do_sample: s.do_sample,
-            temperature: or_off(s.temperature),
-            top_k: s.top_k,
-            top_p: or_off(s.top_p),
-            typical_p: or_off(s.typical_p),
-            repetition_penalty: or_off(s.repetition_penalty),
-            frequency_penalty: s.frequency_penalty,
-            seed: s.seed,
-        };
-        sampling.validate().map_err(|e| bad(e.to_string()))?;
-        let mode = pb::LogprobsMode::try_from(score.logprobs_mode).map_err(|_| {
-            bad(format!(
-                "scores.logprobs_mode {} is not a known mode",
-                score.logprobs_mode
-            ))
-        })?;
+        req.sampling.validate().map_err(|e| bad(e.to_string()))?;
         Ok(ValidRequest {
             id,
             input_ids: req.input_ids,
-            sampling,
+            sampling: req.sampling,
             stopping: Stopping {
                 max_new_tokens,
                 stop_token_ids: stopping.stop_token_ids,
@@ -143,11 +126,11 @@ impl ValidRequest {
                 },
             },
             scores: ScoreSpec {
-                top_n_tokens: score.top_n_tokens as usize,
-                prefill_logprobs: score.prefill_logprobs,
-                mode,
-                return_logits: score.return_logits,
-                labels: score.logprob_token_ids,
+                top_n_tokens: scores.top_n_tokens as usize,
+                prefill_logprobs: scores.prefill_logprobs,
+                mode: scores.logprobs_mode,
+                return_logits: scores.return_logits,
+                labels: scores.logprob_token_ids,
             },
         })
     }

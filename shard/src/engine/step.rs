@@ -2,11 +2,11 @@
 //! into tokens and scores.
 
 use candle_core::{Tensor, D};
-use sonde_proto as pb;
 
 use super::prefix::{BlockRows, LoadedPrefix, BLOCK_TOKENS};
 use super::scoring::first_prompt_token;
 use super::sequence::Sequence;
+use super::types::{FinishReason, Generation, TokenScore};
 use super::Engine;
 use crate::error::EngineError;
 use crate::model::{Model, SeqCache, SeqSpan, StepInput};
@@ -18,7 +18,7 @@ impl Engine {
         &mut self,
         seqs: &mut [Sequence],
         prompts: &[Vec<u32>],
-    ) -> Result<Vec<pb::Generation>, EngineError> {
+    ) -> Result<Vec<Generation>, EngineError> {
         let device = self.model.device().clone();
         // At most all but the last token: the pass must compute a row to sample from.
         let loaded = seqs
@@ -112,7 +112,7 @@ impl Engine {
         seq: &Sequence,
         hidden: &Tensor,
         prompt: &[u32],
-    ) -> Result<(Vec<pb::TokenScores>, Vec<f32>), EngineError> {
+    ) -> Result<(Vec<TokenScore>, Vec<f32>), EngineError> {
         let vocab = self.facts.vocab_size;
         let mut scores = Vec::with_capacity(prompt.len());
         scores.extend(prompt.first().map(|&t| first_prompt_token(t)));
@@ -137,7 +137,7 @@ impl Engine {
     pub(super) fn decode_step(
         &mut self,
         seqs: &mut [Sequence],
-    ) -> Result<Vec<pb::Generation>, EngineError> {
+    ) -> Result<Vec<Generation>, EngineError> {
         let tokens: Vec<u32> = seqs.iter().map(|s| s.last_token).collect();
         let spans: Vec<SeqSpan> = (0..seqs.len())
             .map(|i| SeqSpan { start: i, len: 1 })
@@ -156,14 +156,14 @@ impl Engine {
         &mut self,
         seq: &mut Sequence,
         row: &[f32],
-        prefill: Vec<pb::TokenScores>,
-    ) -> Result<pb::Generation, EngineError> {
+        prefill: Vec<TokenScore>,
+    ) -> Result<Generation, EngineError> {
         if seq.stopping.max_new_tokens == 0 {
-            return Ok(pb::Generation {
+            return Ok(Generation {
                 request_id: seq.id,
                 prefill,
                 token: None,
-                finish_reason: Some(pb::FinishReason::Length as i32),
+                finish_reason: Some(FinishReason::Length),
                 generated_tokens: 0,
                 cached_prompt_tokens: 0,
             });
@@ -172,11 +172,11 @@ impl Engine {
         seq.generated += 1;
         seq.last_token = token.id;
         let finish = seq.stopping.finish_reason(token.id, seq.generated);
-        Ok(pb::Generation {
+        Ok(Generation {
             request_id: seq.id,
             prefill,
             token: Some(token),
-            finish_reason: finish.map(|f| f as i32),
+            finish_reason: finish,
             generated_tokens: seq.generated as u32,
             cached_prompt_tokens: 0,
         })

@@ -7,8 +7,12 @@ use std::path::PathBuf;
 
 use sonde_proto as pb;
 use sonde_proto::WeightQuant;
+use sonde_shard::engine::types::{
+    Batch, FinishReason, Generation, Request, ScoreOptions, TokenScore, TopToken,
+};
 use sonde_shard::engine::{Engine, EngineConfig};
 use sonde_shard::loader::{self, LoadOptions};
+use sonde_shard::sampling::SamplingParams;
 
 pub fn gguf_path() -> PathBuf {
     sonde_testdata::smollm2_gguf()
@@ -48,31 +52,28 @@ pub fn engine_config(path: &std::path::Path, opts: &LoadOptions, cfg: EngineConf
 
 /// A request builder with greedy defaults.
 #[derive(Clone)]
-pub struct Req(pub pb::Request);
+pub struct Req(pub Request);
 
 impl Req {
     pub fn new(id: u64, ids: &[u32], max_new_tokens: u32) -> Self {
-        Req(pb::Request {
+        let mut req = Request {
             id,
             input_ids: ids.to_vec(),
-            sampling: Some(pb::SamplingParameters::default()),
-            stopping: Some(pb::StoppingParameters {
-                max_new_tokens,
-                ..Default::default()
-            }),
-            scores: Some(pb::ScoreOptions::default()),
-        })
+            ..Default::default()
+        };
+        req.stopping.max_new_tokens = max_new_tokens;
+        Req(req)
     }
-    pub fn scores(mut self, f: impl FnOnce(&mut pb::ScoreOptions)) -> Self {
-        f(self.0.scores.as_mut().unwrap());
+    pub fn scores(mut self, f: impl FnOnce(&mut ScoreOptions)) -> Self {
+        f(&mut self.0.scores);
         self
     }
-    pub fn sampling(mut self, f: impl FnOnce(&mut pb::SamplingParameters)) -> Self {
-        f(self.0.sampling.as_mut().unwrap());
+    pub fn sampling(mut self, f: impl FnOnce(&mut SamplingParams)) -> Self {
+        f(&mut self.0.sampling);
         self
     }
     pub fn ignore_eos(mut self) -> Self {
-        self.0.stopping.as_mut().unwrap().ignore_eos_token = true;
+        self.0.stopping.ignore_eos_token = true;
         self
     }
 }
@@ -80,9 +81,9 @@ impl Req {
 /// Everything the shard said about one request, in order.
 #[derive(Default, Debug, Clone)]
 pub struct Outcome {
-    pub prefill: Vec<pb::TokenScores>,
-    pub tokens: Vec<pb::TokenScores>,
-    pub finish_reason: Option<i32>,
+    pub prefill: Vec<TokenScore>,
+    pub tokens: Vec<TokenScore>,
+    pub finish_reason: Option<FinishReason>,
     /// Prompt tokens the prefix cache supplied.
     pub cached_prompt_tokens: u32,
 }
@@ -94,7 +95,7 @@ impl Outcome {
 }
 
 /// Collects generations into per-request outcomes.
-pub fn absorb(out: &mut HashMap<u64, Outcome>, generations: Vec<pb::Generation>) {
+pub fn absorb(out: &mut HashMap<u64, Outcome>, generations: Vec<Generation>) {
     for g in generations {
         let o = out.entry(g.request_id).or_default();
         if !g.prefill.is_empty() {
@@ -108,11 +109,77 @@ pub fn absorb(out: &mut HashMap<u64, Outcome>, generations: Vec<pb::Generation>)
     }
 }
 
+/// The protobuf form of a request, for the tests that drive the shard over gRPC (as the
+/// router's client does).
+pub fn to_proto(r: &Request) -> pb::Request {
+    let s = &r.sampling;
+    pb::Request {
+        id: r.id,
+        input_ids: r.input_ids.clone(),
+        sampling: Some(pb::SamplingParameters {
+            do_sample: s.do_sample,
+            temperature: s.temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            typical_p: s.typical_p,
+            repetition_penalty: s.repetition_penalty,
+            frequency_penalty: s.frequency_penalty,
+            seed: s.seed,
+        }),
+        stopping: Some(pb::StoppingParameters {
+            max_new_tokens: r.stopping.max_new_tokens,
+            stop_token_ids: r.stopping.stop_token_ids.clone(),
+            ignore_eos_token: r.stopping.ignore_eos_token,
+        }),
+        scores: Some(pb::ScoreOptions {
+            top_n_tokens: r.scores.top_n_tokens,
+            prefill_logprobs: r.scores.prefill_logprobs,
+            logprobs_mode: r.scores.logprobs_mode as i32,
+            return_logits: r.scores.return_logits,
+            logprob_token_ids: r.scores.logprob_token_ids.clone(),
+        }),
+    }
+}
+
+/// Collects generations that came over gRPC into per-request outcomes.
+pub fn absorb_proto(out: &mut HashMap<u64, Outcome>, generations: Vec<pb::Generation>) {
+    let score = |t: pb::TokenScores| TokenScore {
+        id: t.id,
+        logprob: t.logprob,
+        logit: t.logit,
+        rank: t.rank,
+        top_tokens: t
+            .top_tokens
+            .into_iter()
+            .map(|t| TopToken {
+                id: t.id,
+                logprob: t.logprob,
+            })
+            .collect(),
+        label_logprobs: t.label_logprobs,
+    };
+    let finish = |f: i32| match pb::FinishReason::try_from(f) {
+        Ok(pb::FinishReason::Length) => Some(FinishReason::Length),
+        Ok(pb::FinishReason::EosToken) => Some(FinishReason::EosToken),
+        Ok(pb::FinishReason::StopToken) => Some(FinishReason::StopToken),
+        _ => panic!("finish reason {f} is not one the shard sends"),
+    };
+    let generations = generations.into_iter().map(|g| Generation {
+        request_id: g.request_id,
+        prefill: g.prefill.into_iter().map(score).collect(),
+        token: g.token.map(score),
+        finish_reason: g.finish_reason.and_then(finish),
+        generated_tokens: g.generated_tokens,
+        cached_prompt_tokens: g.cached_prompt_tokens,
+    });
+    absorb(out, generations.collect());
+}
+
 /// Prefills `requests` as one batch and decodes until every request finished.
 pub fn run_batch(engine: &mut Engine, batch_id: u64, requests: Vec<Req>) -> HashMap<u64, Outcome> {
     let mut out = HashMap::new();
     let step = engine
-        .prefill(pb::Batch {
+        .prefill(Batch {
             id: batch_id,
             requests: requests.into_iter().map(|r| r.0).collect(),
         })
