@@ -1,5 +1,7 @@
 //! What every Sonde process (launcher, router, shard) does the same way.
 
+pub mod flags;
+
 /// Logs to stderr (the launcher copies its children's output there too), filtered by
 /// `RUST_LOG` (default `info`), as JSON lines with `json`.
 pub fn init_logging(json: bool) {

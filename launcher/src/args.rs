@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args, Parser};
-use sonde_proto::{Device, LogprobsMode, WeightQuant};
+pub use sonde_common::flags::LimitArgs;
+use sonde_proto::{Device, WeightQuant};
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -61,50 +62,6 @@ pub struct LauncherArgs {
     pub batching: BatchingArgs,
     #[command(flatten)]
     pub supervision: SupervisionArgs,
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct LimitArgs {
-    /// Requests in flight at once; more get 429.
-    #[arg(long, env = "MAX_CONCURRENT_REQUESTS", default_value_t = 128)]
-    pub max_concurrent_requests: usize,
-    /// Largest `best_of` (and OpenAI `n`).
-    #[arg(long, env = "MAX_BEST_OF", default_value_t = 2)]
-    pub max_best_of: u32,
-    /// Most stop sequences per request.
-    #[arg(long, env = "MAX_STOP_SEQUENCES", default_value_t = 4)]
-    pub max_stop_sequences: usize,
-    /// Largest `top_n_tokens` (OpenAI `logprobs`/`top_logprobs`).
-    #[arg(long, env = "MAX_TOP_N_TOKENS", default_value_t = 5)]
-    pub max_top_n_tokens: u32,
-    /// Most prompt tokens (default: max total tokens - 1).
-    #[arg(long, env = "MAX_INPUT_TOKENS")]
-    pub max_input_tokens: Option<u32>,
-    /// Most prompt + generated tokens (default: the model's context, at most 4096).
-    #[arg(long, env = "MAX_TOTAL_TOKENS")]
-    pub max_total_tokens: Option<u32>,
-    /// `max_new_tokens` of a request that sets none (capped by what the context leaves).
-    #[arg(long, env = "DEFAULT_MAX_NEW_TOKENS", default_value_t = 256)]
-    pub default_max_new_tokens: u32,
-    /// Allow prompt logprobs (`decoder_input_details`, OpenAI `echo` with `logprobs`).
-    #[arg(long, env = "ENABLE_PREFILL_LOGPROBS")]
-    pub enable_prefill_logprobs: bool,
-    /// What `logprob` means when a request does not say: `raw` (the model's distribution)
-    /// or `processed` (after penalties and warpers: what was sampled from).
-    #[arg(long, env = "LOGPROBS_MODE", value_enum, default_value_t = LogprobsMode::Raw)]
-    pub logprobs_mode: LogprobsMode,
-    /// Most instances in one Vertex AI predict call.
-    #[arg(long, env = "MAX_VERTEX_INSTANCES", default_value_t = 128)]
-    pub max_vertex_instances: usize,
-    /// Most items in one `/v1/score` call.
-    #[arg(long, env = "MAX_SCORE_ITEMS", default_value_t = 128)]
-    pub max_score_items: usize,
-    /// Largest Vertex AI predict answer in bytes (Vertex's shared endpoints allow 1.5 MB).
-    #[arg(long, env = "MAX_RESPONSE_BYTES", default_value_t = 1_500_000)]
-    pub max_response_bytes: usize,
-    /// Largest request body in bytes.
-    #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
-    pub payload_limit: usize,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -165,7 +165,6 @@ pub fn router_spec(
     model: &Path,
     model_id: &str,
 ) -> ChildSpec {
-    let l = &args.limits;
     let b = &args.batching;
     let mut a: Vec<String> = Vec::new();
     let mut flag = |name: &str, value: String| {
@@ -178,33 +177,11 @@ pub fn router_spec(
     flag("num-shard", args.num_shard.to_string());
     flag("hostname", args.hostname.clone());
     flag("port", args.port.to_string());
-    flag(
-        "max-concurrent-requests",
-        l.max_concurrent_requests.to_string(),
-    );
-    flag("max-best-of", l.max_best_of.to_string());
-    flag("max-stop-sequences", l.max_stop_sequences.to_string());
-    flag("max-top-n-tokens", l.max_top_n_tokens.to_string());
-    if let Some(v) = l.max_input_tokens {
-        flag("max-input-tokens", v.to_string());
-    }
-    if let Some(v) = l.max_total_tokens {
-        flag("max-total-tokens", v.to_string());
-    }
     if let Some(v) = b.max_batch_prefill_tokens {
         flag("max-batch-prefill-tokens", v.to_string());
     }
-    flag(
-        "default-max-new-tokens",
-        l.default_max_new_tokens.to_string(),
-    );
     flag("waiting-served-ratio", b.waiting_served_ratio.to_string());
     flag("max-waiting-tokens", b.max_waiting_tokens.to_string());
-    flag("logprobs-mode", l.logprobs_mode.flag_value());
-    flag("max-vertex-instances", l.max_vertex_instances.to_string());
-    flag("max-score-items", l.max_score_items.to_string());
-    flag("max-response-bytes", l.max_response_bytes.to_string());
-    flag("payload-limit", l.payload_limit.to_string());
     flag(
         "graceful-termination-timeout",
         args.supervision.graceful_termination_timeout.to_string(),
@@ -217,9 +194,7 @@ pub fn router_spec(
         "shard-step-timeout",
         args.supervision.shard_step_timeout.to_string(),
     );
-    if l.enable_prefill_logprobs {
-        a.push("--enable-prefill-logprobs".to_string());
-    }
+    a.extend(args.limits.to_args());
     if args.json_output {
         a.push("--json-output".to_string());
     }

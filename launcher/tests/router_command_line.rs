@@ -1,8 +1,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The router's command line, as the launcher builds it, parsed by the router's own flag
 //! parser: every flag the launcher passes exists, its values arrive, and every router flag
-//! is either passed or left out for a stated reason. (The two flag sets are declared apart
-//! today; this is what keeps them from drifting.)
+//! is either passed or left out for a stated reason. (The request limits are one struct,
+//! `sonde_common::flags::LimitArgs`, that both parse; the router's other flags are declared
+//! apart from the launcher's, and this is what keeps them from drifting.)
 
 use std::path::{Path, PathBuf};
 

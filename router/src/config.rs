@@ -8,7 +8,7 @@ use clap::{Args, Parser};
 
 use crate::scheduler::BatchingConfig;
 use crate::validation::ValidationLimits;
-use sonde_proto::LogprobsMode;
+pub use sonde_common::flags::LimitArgs;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -47,46 +47,6 @@ pub struct RouterArgs {
     pub limits: LimitArgs,
     #[command(flatten)]
     pub batching: BatchingArgs,
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct LimitArgs {
-    /// Requests in flight at once; more get 429.
-    #[arg(long, default_value_t = 128)]
-    pub max_concurrent_requests: usize,
-    #[arg(long, default_value_t = 2)]
-    pub max_best_of: u32,
-    #[arg(long, default_value_t = 4)]
-    pub max_stop_sequences: usize,
-    #[arg(long, default_value_t = 5)]
-    pub max_top_n_tokens: u32,
-    /// Prompt tokens at most (default: max total tokens - 1).
-    #[arg(long)]
-    pub max_input_tokens: Option<u32>,
-    /// Prompt + generated tokens at most (default: the model's context, at most 4096).
-    #[arg(long)]
-    pub max_total_tokens: Option<u32>,
-    /// `max_new_tokens` of a request that sets none (capped by what the context leaves).
-    #[arg(long, default_value_t = 256)]
-    pub default_max_new_tokens: u32,
-    /// Allow prompt logprobs (`decoder_input_details`, OpenAI `echo` with logprobs).
-    #[arg(long)]
-    pub enable_prefill_logprobs: bool,
-    /// Distribution that logprobs and top-N come from when a request does not say.
-    #[arg(long, value_enum, default_value_t = LogprobsMode::Raw)]
-    pub logprobs_mode: LogprobsMode,
-    /// Instances in one Vertex predict call.
-    #[arg(long, default_value_t = 128)]
-    pub max_vertex_instances: usize,
-    /// Items in one `/v1/score` call (each is one generation of the concurrency limit).
-    #[arg(long, default_value_t = 128)]
-    pub max_score_items: usize,
-    /// Largest Vertex predict answer in bytes (Vertex's shared-endpoint limit is 1.5 MB).
-    #[arg(long, default_value_t = 1_500_000)]
-    pub max_response_bytes: usize,
-    /// Largest request body in bytes.
-    #[arg(long, default_value_t = 2_000_000)]
-    pub payload_limit: usize,
 }
 
 #[derive(Args, Debug, Clone)]

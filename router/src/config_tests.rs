@@ -4,6 +4,7 @@
 use clap::Parser;
 
 use super::*;
+use sonde_proto::LogprobsMode;
 
 fn args(flags: &[&str]) -> RouterArgs {
     let argv = ["sonde-router", "--model", "/models/SmolLM2.gguf"];
