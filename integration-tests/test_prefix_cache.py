@@ -69,7 +69,7 @@ def test_endings_of_one_context_score_as_without_the_cache(server, cold):
 
 
 def test_endings_arriving_together_score_as_without_the_cache(server, cold):
-    context = CONTEXT.replace("science textbook", "biology primer")
+    context = "From a primer. " + CONTEXT
     shared = _context_blocks(server, context)
     before = _hits(server)
     with cf.ThreadPoolExecutor(len(ENDINGS)) as pool:
@@ -83,7 +83,8 @@ def test_endings_arriving_together_score_as_without_the_cache(server, cold):
 
 
 def test_score_items_of_one_query_score_as_without_the_cache(server, cold):
-    query = CONTEXT.replace("Which gas", "What do plants release")
+    # Each test's context starts differently, so none finds another's blocks cached.
+    query = "From a field guide. " + CONTEXT
     shared = _context_blocks(server, query)
     body = {"query": query, "items": ENDINGS, "label_token_ids": [0, 13, 260, 1000]}
     before = _hits(server)
@@ -96,7 +97,7 @@ def test_score_items_of_one_query_score_as_without_the_cache(server, cold):
 def test_openai_usage_counts_the_cached_prompt_tokens(server, cold):
     """OpenAI's `usage.prompt_tokens_details.cached_tokens`, read by the official client:
     what the cache supplied, streamed or not; 0 on a server without the cache."""
-    context = CONTEXT.replace("Which gas", "Which substance")
+    context = "From a lecture. " + CONTEXT
     shared = _context_blocks(server, context)
     warm_client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", timeout=300,
                                 max_retries=0)
