@@ -13,7 +13,7 @@ from pathlib import Path
 
 import requests
 
-from conftest import BIN_DIR, DATA_DIR, REPO, _free_port, _tail
+from conftest import BIN_DIR, DATA_DIR, REPO, _free_port, _tail, parse_prometheus
 
 START_TIMEOUT_S = 180
 
@@ -60,6 +60,38 @@ class Launched:
                 last = repr(e)
             time.sleep(0.2)
         raise AssertionError(f"health not 200 after {timeout} s (last: {last}):\n{self.logs()}")
+
+    def wait_healthy_again(self, since, within_s, what):
+        """Waits for health 200 after a fault at `since` (monotonic), for at most
+        `within_s` from it; returns the seconds it took."""
+        deadline = since + within_s
+        while requests.get(self.url + "/health", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, f"not healthy {within_s} s after {what}:\n{self.logs()}"
+            time.sleep(0.1)
+        return time.monotonic() - since
+
+    def metrics(self):
+        r = requests.get(self.url + "/metrics", timeout=30)
+        assert r.status_code == 200, r.text[:500]
+        return parse_prometheus(r.text)
+
+    def gauge(self, name, m=None):
+        m = self.metrics() if m is None else m
+        # A gauge appears once the scheduler first reports; before that it is 0.
+        return sum(v for k, v in m.items() if k == name or k.startswith(name + "{"))
+
+    def wait_gauge(self, name, at_least, within_s=60):
+        deadline = time.monotonic() + within_s
+        while self.gauge(name) < at_least:
+            assert time.monotonic() < deadline, f"{name} never reached {at_least}"
+            time.sleep(0.05)
+
+    def shard_pid(self):
+        out = subprocess.run(["pgrep", "-f", f"sonde-shard .*{self.uds_prefix}-0"],
+                             capture_output=True, text=True, check=False)
+        pids = [int(p) for p in out.stdout.split()]
+        assert len(pids) == 1, f"want one shard process, found {pids}"
+        return pids[0]
 
     def wait_exit(self, timeout):
         return self.proc.wait(timeout)

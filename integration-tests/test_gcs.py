@@ -2,7 +2,6 @@
 launcher through the real GCS client from a local stand-in of GCS, then served — through
 entrypoint.sh with Vertex's variables. An interrupted download leaves no model behind."""
 
-import json
 import os
 import signal
 import subprocess

@@ -74,10 +74,7 @@ def test_sigterm_with_8_streams_in_flight_lets_them_finish_and_exits_0():
         threads = [threading.Thread(target=_stream, args=(lz, i, results)) for i in range(8)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 60
-        while _gauge(lz, "sonde_batch_current_size") < 8:
-            assert time.monotonic() < deadline, "the 8 streams never all ran"
-            time.sleep(0.05)
+        lz.wait_gauge("sonde_batch_current_size", 8)
         signalled = time.monotonic()
         lz.signal(signal.SIGTERM)
         for t in threads:
@@ -89,21 +86,6 @@ def test_sigterm_with_8_streams_in_flight_lets_them_finish_and_exits_0():
         assert time.monotonic() - signalled < grace
     finally:
         lz.stop()
-
-
-def _gauge(lz, name):
-    text = requests.get(lz.url + "/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
-
-
-def _shard_pid(lz):
-    out = subprocess.run(["pgrep", "-f", f"sonde-shard .*{lz.uds_prefix}-0"], capture_output=True, text=True)
-    pids = [int(p) for p in out.stdout.split()]
-    assert len(pids) == 1, f"want one shard process, found {pids}"
-    return pids[0]
 
 
 def test_killed_shard_fails_requests_with_424_and_is_restarted():
@@ -119,11 +101,8 @@ def test_killed_shard_fails_requests_with_424_and_is_restarted():
         threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 60
-        while _gauge(lz, "sonde_batch_current_size") < 4:
-            assert time.monotonic() < deadline, "the requests never ran"
-            time.sleep(0.05)
-        old = _shard_pid(lz)
+        lz.wait_gauge("sonde_batch_current_size", 4)
+        old = lz.shard_pid()
         os.kill(old, signal.SIGKILL)
         killed = time.monotonic()
         for t in threads:
@@ -134,7 +113,7 @@ def test_killed_shard_fails_requests_with_424_and_is_restarted():
         r = requests.get(lz.url + "/health", timeout=10)
         assert r.status_code == 503, r.text
         lz.wait_healthy(timeout=60)
-        assert _shard_pid(lz) != old
+        assert lz.shard_pid() != old
         out = post(lz, "/generate", {"inputs": "Once upon a time", "parameters": {"max_new_tokens": 3}})
         assert out.status_code == 200, out.text
         assert "restarting the shard" in lz.logs(200)

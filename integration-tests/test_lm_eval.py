@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from sonde_http import MODEL_ID, generate, ok_json, post
 

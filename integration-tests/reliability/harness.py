@@ -9,7 +9,6 @@ the parent's test modules import by that name.
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,6 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import parse_prometheus  # noqa: E402
 from launched import Launched, launcher_cmd  # noqa: E402
 from sonde_http import assert_same_tokens, ok_json  # noqa: E402
 
@@ -40,48 +38,21 @@ def post(lz, path, body, timeout=120, **kw):
     return requests.post(lz.url + path, json=body, timeout=timeout, **kw)
 
 
-def metrics(lz):
-    r = requests.get(lz.url + "/metrics", timeout=30)
-    assert r.status_code == 200, r.text[:500]
-    return parse_prometheus(r.text)
-
-
-def gauge(lz, name, m=None):
-    m = metrics(lz) if m is None else m
-    # A gauge appears once the scheduler first reports; before that it is 0.
-    return sum(v for k, v in m.items() if k == name or k.startswith(name + "{"))
-
-
 def request_count(lz, route, status):
     key = f'sonde_request_count{{method="POST",route="{route}",status="{status}"}}'
-    return metrics(lz).get(key, 0.0)
+    return lz.metrics().get(key, 0.0)
 
 
 def wait_idle(lz, within_s=15):
     """Seconds until the queue and batch gauges are both 0; fails past `within_s`."""
     started = time.monotonic()
     while True:
-        m = metrics(lz)
-        values = {g: gauge(lz, g, m) for g in GAUGES}
+        m = lz.metrics()
+        values = {g: lz.gauge(g, m) for g in GAUGES}
         if not any(values.values()):
             return time.monotonic() - started
         assert time.monotonic() - started < within_s, f"not idle after {within_s} s: {values}"
         time.sleep(0.1)
-
-
-def wait_gauge(lz, name, at_least, within_s=60):
-    deadline = time.monotonic() + within_s
-    while gauge(lz, name) < at_least:
-        assert time.monotonic() < deadline, f"{name} never reached {at_least}"
-        time.sleep(0.05)
-
-
-def shard_pid(lz):
-    out = subprocess.run(["pgrep", "-f", f"sonde-shard .*{lz.uds_prefix}-0"],
-                         capture_output=True, text=True, check=False)
-    pids = [int(p) for p in out.stdout.split()]
-    assert len(pids) == 1, f"want one shard process, found {pids}"
-    return pids[0]
 
 
 def gen_body(prompt, new_tokens, **params):

@@ -75,7 +75,7 @@ def test_clients_that_never_read_do_not_stall_others_and_free_their_slots(lz):
     want = harness.references(lz, PROMPTS, NEW_TOKENS)
     socks = [_silent_stream(lz, i) for i in range(SLOW_READERS)]
     try:
-        harness.wait_gauge(lz, "sonde_batch_current_size", SLOW_READERS)
+        lz.wait_gauge("sonde_batch_current_size", SLOW_READERS)
         # The slots left over serve other clients, with the right answers, meanwhile.
         bodies = [harness.gen_body(p, NEW_TOKENS) for p in PROMPTS]
         served = _concurrent(lz, bodies)
@@ -83,7 +83,7 @@ def test_clients_that_never_read_do_not_stall_others_and_free_their_slots(lz):
             assert status == 200, body
             harness.assert_generation(body, want[p], NEW_TOKENS, p)
         # The silent streams were still generating all along: closing them is what ends them.
-        running = harness.gauge(lz, "sonde_batch_current_size")
+        running = lz.gauge("sonde_batch_current_size")
         assert running >= SLOW_READERS, f"the silent streams ended early ({running} running)"
     finally:
         for s in socks:
@@ -120,8 +120,8 @@ def test_stopped_shard_fails_its_requests_with_424_and_is_restarted(lz):
     threads = [threading.Thread(target=_hanging_request, args=(lz, i, out)) for i in range(4)]
     for t in threads:
         t.start()
-    harness.wait_gauge(lz, "sonde_batch_current_size", 4)
-    old = harness.shard_pid(lz)
+    lz.wait_gauge("sonde_batch_current_size", 4)
+    old = lz.shard_pid()
     os.kill(old, signal.SIGSTOP)
     stopped = time.monotonic()
     try:
@@ -147,17 +147,13 @@ def test_stopped_shard_fails_its_requests_with_424_and_is_restarted(lz):
         assert_error(harness.post(lz, "/generate", harness.gen_body("Hello", 2)), 503)
 
         # The launcher notices the silence, kills the shard and starts a new one.
-        deadline = stopped + RECOVER_WITHIN_S
-        while requests.get(lz.url + "/health", timeout=10).status_code != 200:
-            assert time.monotonic() < deadline, f"not healthy {RECOVER_WITHIN_S} s after SIGSTOP:\n{lz.logs()}"
-            time.sleep(0.1)
-        recovered = time.monotonic() - stopped
+        recovered = lz.wait_healthy_again(stopped, RECOVER_WITHIN_S, "SIGSTOP")
     finally:
         try:
             os.kill(old, signal.SIGCONT)  # if it is still there, let the teardown stop it
         except ProcessLookupError:
             pass
-    assert harness.shard_pid(lz) != old
+    assert lz.shard_pid() != old
     logs = lz.logs(400)
     assert "does not answer its health checks; killing it" in logs, logs
     assert "restarting the shard" in logs, logs

@@ -244,7 +244,7 @@ def test_still_serving_after_all_of_it(lz):
     assert out["details"]["generated_tokens"] == 4
     assert harness.wait_idle(lz) < 15
     # No answer of the whole module was a server error (/health said 503 while loading).
-    errors = {k: v for k, v in harness.metrics(lz).items()
+    errors = {k: v for k, v in lz.metrics().items()
               if k.startswith("sonde_request_count{") and 'status="5' in k and v
               and 'route="/health"' not in k}
     assert not errors, errors

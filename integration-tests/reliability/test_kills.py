@@ -60,7 +60,7 @@ def _under_load(lz):
         t.start()
     for e in started:
         assert e.wait(60), "a stream never started"
-    harness.wait_gauge(lz, "sonde_batch_current_size", CLIENTS)
+    lz.wait_gauge("sonde_batch_current_size", CLIENTS)
     return threads, out
 
 
@@ -75,7 +75,7 @@ def test_shard_killed_under_load_fails_every_request_then_recovers():
     try:
         want = ok_json(harness.post(lz, "/generate", harness.gen_body(PROBE, PROBE_TOKENS)))
         threads, out = _under_load(lz)
-        old = harness.shard_pid(lz)
+        old = lz.shard_pid()
         os.kill(old, signal.SIGKILL)
         killed = time.monotonic()
         for t in threads:
@@ -97,12 +97,8 @@ def test_shard_killed_under_load_fails_every_request_then_recovers():
 
         # Meanwhile nothing new is accepted and then lost: 503 until a shard answers again.
         assert_error(harness.post(lz, "/generate", harness.gen_body("Hello", 2)), 503)
-        deadline = killed + RECOVER_WITHIN_S
-        while requests.get(lz.url + "/health", timeout=10).status_code != 200:
-            assert time.monotonic() < deadline, f"not healthy {RECOVER_WITHIN_S} s after SIGKILL:\n{lz.logs()}"
-            time.sleep(0.1)
-        recovered = time.monotonic() - killed
-        assert harness.shard_pid(lz) != old
+        recovered = lz.wait_healthy_again(killed, RECOVER_WITHIN_S, "SIGKILL")
+        assert lz.shard_pid() != old
         assert "restarting the shard" in lz.logs(400)
 
         # The new shard answers as the old one did (greedy: the same tokens and logprobs).

@@ -88,7 +88,7 @@ def test_key_prompts_and_outputs_never_reach_the_log(lz):
         if len(text) >= 12:
             assert text not in log, f"generated text {text!r} is in the log"
     # The key also stays off the command lines of the children (visible to every user).
-    for pid in (harness.shard_pid(lz),):
+    for pid in (lz.shard_pid(),):
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             assert API_KEY.encode() not in f.read()
     harness.report("security", {"routes_checked": len(PATHS), "log_bytes": len(log)})

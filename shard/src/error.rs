@@ -19,13 +19,14 @@ pub enum LoadError {
         key: String,
         problem: String,
     },
+    /// The file holds a tensor or a key this architecture's forward pass would ignore.
     #[error(
-        "{file}: metadata {key} is not applied by Sonde's {architecture} forward pass; \
+        "{file}: {what} is not applied by Sonde's {architecture} forward pass; \
          refusing to serve scores that would ignore it"
     )]
-    UnappliedMetadata {
+    NotApplied {
         file: String,
-        key: String,
+        what: Unapplied,
         architecture: String,
     },
     #[error(
@@ -39,15 +40,6 @@ pub enum LoadError {
     Spec { file: String, problem: String },
     #[error("{file}: tensor {tensor} is missing")]
     MissingTensor { file: String, tensor: String },
-    #[error(
-        "{file}: tensor {tensor} is not applied by Sonde's {architecture} forward pass; \
-         refusing to serve scores that would ignore it"
-    )]
-    UnusedTensor {
-        file: String,
-        tensor: String,
-        architecture: String,
-    },
     #[error("{file}: tensor {tensor} has shape {found:?}, expected {expected:?}")]
     TensorShape {
         file: String,
@@ -73,6 +65,23 @@ pub enum LoadError {
     Tokenizer(#[from] sonde_tokenizer::TokenizerError),
     #[error("candle: {}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
+}
+
+/// What [`LoadError::NotApplied`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unapplied {
+    /// A metadata key of the architecture's namespace.
+    Metadata(String),
+    Tensor(String),
+}
+
+impl std::fmt::Display for Unapplied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unapplied::Metadata(key) => write!(f, "metadata {key}"),
+            Unapplied::Tensor(name) => write!(f, "tensor {name}"),
+        }
+    }
 }
 
 /// A candle error without the backtrace candle attaches when `RUST_BACKTRACE` is set, so

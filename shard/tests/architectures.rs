@@ -13,7 +13,7 @@ use candle_core::{Device, Tensor};
 use common::*;
 use serde_json::Value;
 use sonde_proto::WeightQuant;
-use sonde_shard::error::LoadError;
+use sonde_shard::error::{LoadError, Unapplied};
 use sonde_shard::loader::{self, LoadOptions};
 
 /// A copy of the f32 Hugging Face folder with `config.json` edited by `edit` and
@@ -150,7 +150,7 @@ fn unservable_configs_are_refused_with_the_reason() {
     );
     let err = load(&extra).err().unwrap();
     assert!(
-        matches!(&err, LoadError::UnusedTensor { tensor, .. } if tensor == "model.layers.0.self_attn.sinks"),
+        matches!(&err, LoadError::NotApplied { what: Unapplied::Tensor(tensor), .. } if tensor == "model.layers.0.self_attn.sinks"),
         "{err}"
     );
     for dir in [other, act, extra] {

@@ -14,7 +14,7 @@ use candle_core::quantized::{ggml_file, gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::*;
 use sonde_proto::WeightQuant;
-use sonde_shard::error::LoadError;
+use sonde_shard::error::{LoadError, Unapplied};
 use sonde_shard::loader::{self, LoadOptions};
 
 type Metadata = Vec<(String, gguf_file::Value)>;
@@ -107,7 +107,7 @@ fn a_tensor_the_pass_does_not_apply_is_refused() {
     });
     let err = load_err(&path);
     assert!(
-        matches!(&err, LoadError::UnusedTensor { tensor, architecture, .. }
+        matches!(&err, LoadError::NotApplied { what: Unapplied::Tensor(tensor), architecture, .. }
             if tensor == "blk.0.attn_sinks.weight" && architecture == "llama"),
         "{err}"
     );
@@ -139,7 +139,7 @@ fn metadata_that_changes_the_maths_is_refused_unless_applied() {
     });
     let err = load_err(&window);
     assert!(
-        matches!(&err, LoadError::UnappliedMetadata { key, .. } if key == "llama.attention.sliding_window"),
+        matches!(&err, LoadError::NotApplied { what: Unapplied::Metadata(key), .. } if key == "llama.attention.sliding_window"),
         "{err}"
     );
 

@@ -153,17 +153,22 @@ fn tojson(value: Value, indent: Option<usize>, kwargs: Kwargs) -> Result<Value, 
 /// Compact JSON with Python's default separators.
 struct PythonFormatter;
 
+/// `", "` before every item but the first, of arrays and objects alike.
+fn item_separator<W: ?Sized + io::Write>(w: &mut W, first: bool) -> io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        w.write_all(b", ")
+    }
+}
+
 impl Formatter for PythonFormatter {
     fn begin_array_value<W: ?Sized + io::Write>(
         &mut self,
         w: &mut W,
         first: bool,
     ) -> io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        item_separator(w, first)
     }
 
     fn begin_object_key<W: ?Sized + io::Write>(
@@ -171,11 +176,7 @@ impl Formatter for PythonFormatter {
         w: &mut W,
         first: bool,
     ) -> io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        item_separator(w, first)
     }
 
     fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {

@@ -15,8 +15,8 @@ use super::types::{
     ChatResponse, ChatTokenLogprob, TopLogprob, Usage,
 };
 use super::{
-    choice_stream, finish_reason, merge_choices, new_id, now, usage, ChatNames, ChoiceStream,
-    Counts, Shared,
+    choice_stream, finish_reason, header, merge_choices, usage, ChatNames, ChoiceStream, Counts,
+    Shared,
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::generation::{collect, json_logprob, steps, Step, TextTracker};
@@ -180,10 +180,7 @@ pub(crate) async fn run(ready: &Ready, p: Prepared) -> Result<ChatResponse, ApiE
         })
         .collect();
     Ok(ChatResponse {
-        id: new_id("chatcmpl"),
-        object: "chat.completion".to_string(),
-        created: now(),
-        model: ready.info.model_id.clone(),
+        header: header("chatcmpl", "chat.completion", &ready.info.model_id),
         choices,
         usage: usage(prompt_tokens, counts),
     })
@@ -200,28 +197,30 @@ fn content_logprobs(
         .iter()
         .filter(|t| !tokenizer.is_special(t.id))
         .map(|t| ChatTokenLogprob {
-            token: tokenizer.token_text(t.id).unwrap_or_default(),
-            logprob: json_logprob(t.logprob.unwrap_or(f32::NEG_INFINITY)),
-            bytes: tokenizer.token_bytes(t.id).unwrap_or_default().to_vec(),
+            chosen: listed(tokenizer, t.id, t.logprob.unwrap_or(f32::NEG_INFINITY)),
             top_logprobs: t
                 .top
                 .iter()
                 .take(k as usize)
-                .map(|&(id, lp)| TopLogprob {
-                    token: tokenizer.token_text(id).unwrap_or_default(),
-                    logprob: json_logprob(lp),
-                    bytes: tokenizer.token_bytes(id).unwrap_or_default().to_vec(),
-                    id,
-                })
+                .map(|&(id, lp)| listed(tokenizer, id, lp))
                 .collect(),
-            id: t.id,
         })
         .collect()
 }
 
+/// A token as OpenAI lists it: its text, logprob and bytes (and Sonde's id).
+fn listed(tokenizer: &ModelTokenizer, id: u32, logprob: f32) -> TopLogprob {
+    TopLogprob {
+        token: tokenizer.token_text(id).unwrap_or_default(),
+        logprob: json_logprob(logprob),
+        bytes: tokenizer.token_bytes(id).unwrap_or_default().to_vec(),
+        id,
+    }
+}
+
 fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Response, ApiError> {
     let tokenizer = ready.validator.tokenizer().clone();
-    let (id, model, created) = (new_id("chatcmpl"), ready.info.model_id.clone(), now());
+    let head = header("chatcmpl", "chat.completion.chunk", &ready.info.model_id);
     let prompt_tokens = p.valid.request.input_ids.len() as u32;
     let mut choices: Vec<ChoiceStream> = Vec::new();
     for i in 0..p.valid.generations {
@@ -230,10 +229,7 @@ fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Re
         choices.push(choice_stream(i, steps(rx, tracker), i == 0));
     }
     let response = move |choices: Vec<ChatChunkChoice>, usage: Option<Usage>| ChatChunk {
-        id: id.clone(),
-        object: "chat.completion.chunk".to_string(),
-        created,
-        model: model.clone(),
+        header: head.clone(),
         choices,
         usage,
     };

@@ -12,7 +12,7 @@ use super::types::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptInput, Usage,
 };
 use super::{
-    choice_stream, finish_reason, merge_choices, new_id, now, usage, ChoiceStream, CompletionNames,
+    choice_stream, finish_reason, header, merge_choices, usage, ChoiceStream, CompletionNames,
     Counts, Shared,
 };
 use crate::error::{ApiError, ErrorBody};
@@ -214,10 +214,7 @@ pub(crate) async fn run(ready: &Ready, p: Prepared) -> Result<CompletionResponse
         });
     }
     Ok(CompletionResponse {
-        id: new_id("cmpl"),
-        object: "text_completion".to_string(),
-        created: now(),
-        model: ready.info.model_id.clone(),
+        header: header("cmpl", "text_completion", &ready.info.model_id),
         choices,
         usage: Some(usage(prompt_tokens, counts)),
     })
@@ -266,7 +263,7 @@ impl Listing<'_> {
 
 fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Response, ApiError> {
     let tokenizer = ready.validator.tokenizer().clone();
-    let (id, model, created) = (new_id("cmpl"), ready.info.model_id.clone(), now());
+    let head = header("cmpl", "text_completion", &ready.info.model_id);
     let prompt_tokens = prompt_tokens(&p);
     let mut choices: Vec<ChoiceStream> = Vec::new();
     // Per choice: the prompt to echo before its first token, and the character offset
@@ -284,10 +281,7 @@ fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Re
         }
     }
     let response = move |choices: Vec<CompletionChoice>, usage: Option<Usage>| CompletionResponse {
-        id: id.clone(),
-        object: "text_completion".to_string(),
-        created,
-        model: model.clone(),
+        header: head.clone(),
         choices,
         usage,
     };

@@ -30,7 +30,7 @@ use crate::invalid;
 use crate::request::{Field, FieldNames, GenerationSpec, Prompt, SamplingSpec};
 use crate::sse::{done_event, sse_error};
 use crate::state::AppState;
-use types::{Model, ModelList, PromptTokensDetails, StringOrList, Usage};
+use types::{Header, Model, ModelList, PromptTokensDetails, StringOrList, Usage};
 
 /// The fields completions and chat share, checked with OpenAI's names.
 pub(crate) struct Shared {
@@ -232,8 +232,14 @@ pub(crate) fn finish_reason(f: FinishReason) -> String {
     .to_string()
 }
 
-pub(crate) fn new_id(prefix: &str) -> String {
-    format!("{prefix}-{:032x}", rand::random::<u128>())
+/// A new answer's header: a fresh `id` with `prefix`, the time, the served model.
+pub(crate) fn header(prefix: &str, object: &str, model: &str) -> Header {
+    Header {
+        id: format!("{prefix}-{:032x}", rand::random::<u128>()),
+        object: object.to_string(),
+        created: now(),
+        model: model.to_string(),
+    }
 }
 
 pub(crate) fn now() -> u64 {

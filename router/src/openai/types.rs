@@ -4,12 +4,30 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-/// A string or a list of strings (`stop`).
-#[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(untagged)]
+/// A string or a list of strings (`stop`). Read by hand, like [`PromptInput`], so a wrong
+/// shape gets a sentence naming both.
+#[derive(Debug, Clone)]
 pub enum StringOrList {
     One(String),
     Many(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for StringOrList {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match Value::deserialize(deserializer)? {
+            Value::String(s) => Some(StringOrList::One(s)),
+            Value::Array(items) => items
+                .into_iter()
+                .map(|v| match v {
+                    Value::String(s) => Some(s),
+                    _ => None,
+                })
+                .collect::<Option<_>>()
+                .map(StringOrList::Many),
+            _ => None,
+        }
+        .ok_or_else(|| serde::de::Error::custom("must be a string or a list of strings"))
+    }
 }
 
 impl StringOrList {
@@ -209,12 +227,20 @@ pub struct CompletionChoice {
     pub finish_reason: Option<String>,
 }
 
+/// What every OpenAI answer and stream chunk starts with.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct CompletionResponse {
+pub struct Header {
     pub id: String,
+    /// `text_completion`, `chat.completion` or `chat.completion.chunk`.
     pub object: String,
     pub created: u64,
     pub model: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CompletionResponse {
+    #[serde(flatten)]
+    pub header: Header,
     pub choices: Vec<CompletionChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
@@ -229,14 +255,12 @@ pub struct TopLogprob {
     pub id: u32,
 }
 
+/// The chosen token, and its alternatives.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChatTokenLogprob {
-    pub token: String,
-    pub logprob: f32,
-    pub bytes: Vec<u8>,
+    #[serde(flatten)]
+    pub chosen: TopLogprob,
     pub top_logprobs: Vec<TopLogprob>,
-    /// Sonde: the token id.
-    pub id: u32,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -260,10 +284,8 @@ pub struct ChatChoice {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChatResponse {
-    pub id: String,
-    pub object: String,
-    pub created: u64,
-    pub model: String,
+    #[serde(flatten)]
+    pub header: Header,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
 }
@@ -286,10 +308,8 @@ pub struct ChatChunkChoice {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChatChunk {
-    pub id: String,
-    pub object: String,
-    pub created: u64,
-    pub model: String,
+    #[serde(flatten)]
+    pub header: Header,
     pub choices: Vec<ChatChunkChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,

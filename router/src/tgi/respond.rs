@@ -5,8 +5,8 @@ use sonde_tokenizer::ModelTokenizer;
 
 use super::convert::Prepared;
 use super::types::{
-    BestOfSequence, Details, GenerateResponse, LabelLogprob, PrefillToken, StreamDetails,
-    StreamResponse, Token, TopToken,
+    BestOfSequence, Details, ExtraScores, GenerateResponse, LabelLogprob, PrefillToken,
+    StreamDetails, StreamResponse, Token, TopToken,
 };
 use crate::error::ApiError;
 use crate::generation::{collect, json_logprob, Generated, Step, TextTracker};
@@ -47,9 +47,7 @@ impl Scorer<'_> {
             text: self.text(t.id),
             logprob: json_logprob(t.logprob.unwrap_or(f32::NEG_INFINITY)),
             special: self.tokenizer.is_special(t.id),
-            logit: t.logit,
-            rank: t.rank,
-            label_logprobs: self.labels(t),
+            extra: self.extra(t),
         }
     }
 
@@ -58,6 +56,12 @@ impl Scorer<'_> {
             id: t.id,
             text: self.text(t.id),
             logprob: t.logprob.map(json_logprob),
+            extra: self.extra(t),
+        }
+    }
+
+    fn extra(&self, t: &TokenScore) -> ExtraScores {
+        ExtraScores {
             logit: t.logit,
             rank: t.rank,
             label_logprobs: self.labels(t),

@@ -80,12 +80,8 @@ pub struct Token {
     /// the floor -9999.0 (JSON has no -inf).
     pub logprob: f32,
     pub special: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub logit: Option<f32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rank: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub label_logprobs: Option<Vec<LabelLogprob>>,
+    #[serde(flatten)]
+    pub extra: ExtraScores,
 }
 
 /// A prompt token; `logprob` is null for the first one.
@@ -94,10 +90,20 @@ pub struct PrefillToken {
     pub id: u32,
     pub text: String,
     pub logprob: Option<f32>,
+    #[serde(flatten)]
+    pub extra: ExtraScores,
+}
+
+/// The scores a token has beyond its logprob, when the request asked for them.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ExtraScores {
+    /// The raw logit (`return_logits`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logit: Option<f32>,
+    /// 1-based rank in the vocabulary (`return_logits`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
+    /// The labels' logprobs (`logprob_token_ids`), in the order asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub label_logprobs: Option<Vec<LabelLogprob>>,
 }

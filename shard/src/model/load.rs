@@ -15,7 +15,7 @@ use super::names::{LayerTensor as L, Naming, Part, TensorName};
 use super::rope::Rope;
 use super::spec::{FreqFactors, MlpLayout, ModelSpec, QkvLayout};
 use super::weights::{ggml_type_name, Weight, WeightSource};
-use crate::error::LoadError;
+use crate::error::{LoadError, Unapplied};
 
 /// How the model is put on its device.
 #[derive(Debug, Clone)]
@@ -84,9 +84,9 @@ impl Model {
             .collect::<Result<Vec<_>, _>>()?;
         let norm = l.norm(TensorName::OutputNorm, hidden)?;
         if let Some(tensor) = l.src.first_unused() {
-            return Err(LoadError::UnusedTensor {
+            return Err(LoadError::NotApplied {
                 file: l.src.file().to_string(),
-                tensor,
+                what: Unapplied::Tensor(tensor),
                 architecture: spec.architecture.name().to_string(),
             });
         }

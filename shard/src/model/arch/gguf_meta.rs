@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use candle_core::quantized::gguf_file::{TensorInfo, Value};
 
-use crate::error::LoadError;
+use crate::error::{LoadError, Unapplied};
 
 /// One GGUF file's metadata and tensor index, seen through `{arch}.` keys.
 pub struct GgufMeta<'a> {
@@ -177,9 +177,9 @@ impl<'a> GgufMeta<'a> {
             .into_iter()
             .find(|k| k.starts_with(&prefix) && !read.contains(*k))
         {
-            Some(key) => Err(LoadError::UnappliedMetadata {
+            Some(key) => Err(LoadError::NotApplied {
                 file: self.file.to_string(),
-                key: key.clone(),
+                what: Unapplied::Metadata(key.clone()),
                 architecture: self.arch.to_string(),
             }),
             None => Ok(()),

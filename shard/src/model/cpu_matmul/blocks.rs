@@ -75,6 +75,14 @@ fn f16_at(raw: &[u8], at: usize) -> u16 {
     f16::from_le_bytes([raw[at], raw[at + 1]]).to_bits()
 }
 
+/// Puts column `c`'s bytes `raw` into lane `c` of the byte rows `rows` (byte `j` into
+/// `rows[j][c]`).
+fn set_lane_bytes(rows: &mut [[u8; TILE]], c: usize, raw: &[u8]) {
+    for (row, &b) in rows.iter_mut().zip(raw) {
+        row[c] = b;
+    }
+}
+
 /// Sets bit `bit` of `word` to `on`.
 fn set_bit(word: &mut u32, bit: usize, on: bool) {
     *word = (*word & !(1 << bit)) | (u32::from(on) << bit);

@@ -14,7 +14,7 @@
 //! is computed in that same order.
 
 use super::super::simd::{Bytes, Simd};
-use super::{f16_at, set_bit, Scales, Tile, TILE};
+use super::{f16_at, set_bit, set_lane_bytes, Scales, Tile, TILE};
 
 /// The 12 packed scale bytes of 16 columns, two bytes a row: `sc[i][c]` is column `c`'s
 /// byte `2 i`, `sc[i][16 + c]` its byte `2 i + 1`.
@@ -97,9 +97,7 @@ impl Tile for Q4K {
         self.d[c] = f16_at(raw, 0);
         self.dmin[c] = f16_at(raw, 2);
         set_packed_scales(&mut self.sc, c, &raw[4..16]);
-        for (r, q) in self.qs.iter_mut().enumerate() {
-            q[c] = raw[16 + r];
-        }
+        set_lane_bytes(&mut self.qs, c, &raw[16..144]);
     }
     #[inline(always)]
     fn scales<S: Simd>(&self, s: S, p: usize) -> [S::V; 4] {
@@ -150,9 +148,7 @@ impl Tile for Q5K {
                 set_bit(plane, TILE + c, (h >> (2 * p + 1)) & 1 == 1);
             }
         }
-        for (r, q) in self.qs.iter_mut().enumerate() {
-            q[c] = raw[48 + r];
-        }
+        set_lane_bytes(&mut self.qs, c, &raw[48..176]);
     }
     #[inline(always)]
     fn scales<S: Simd>(&self, s: S, p: usize) -> [S::V; 4] {
@@ -204,9 +200,7 @@ impl Tile for Q6K {
     };
     type Scales<S: Simd> = [S::V; 2];
     fn set_column(&mut self, c: usize, raw: &[u8]) {
-        for (r, q) in self.ql.iter_mut().enumerate() {
-            q[c] = raw[r];
-        }
+        set_lane_bytes(&mut self.ql, c, &raw[0..128]);
         let qh = &raw[128..192];
         for (r, q) in self.qh.iter_mut().enumerate() {
             let (h, t) = (r / 16, r % 16);

@@ -10,7 +10,7 @@
 //! candle gives -0.0 for a negative `d`).
 
 use super::super::simd::{Bytes, Simd};
-use super::{f16_at, set_bit, Scales, Tile, TILE};
+use super::{f16_at, set_bit, set_lane_bytes, Scales, Tile, TILE};
 
 /// Q4_0: `{d: f16, qs: [u8; 16]}` per column, `w = (nibble - 8) * d`.
 #[derive(Clone, Copy)]
@@ -32,9 +32,7 @@ impl Tile for Q4_0 {
     type Scales<S: Simd> = [S::V; 2];
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         self.d[c] = f16_at(raw, 0);
-        for (j, q) in self.qs.iter_mut().enumerate() {
-            q[c] = raw[2 + j];
-        }
+        set_lane_bytes(&mut self.qs, c, &raw[2..18]);
     }
     #[inline(always)]
     fn scales<S: Simd>(&self, s: S, _: usize) -> [S::V; 2] {
@@ -71,9 +69,7 @@ impl Tile for Q4_1 {
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         self.d[c] = f16_at(raw, 0);
         self.m[c] = f16_at(raw, 2);
-        for (j, q) in self.qs.iter_mut().enumerate() {
-            q[c] = raw[4 + j];
-        }
+        set_lane_bytes(&mut self.qs, c, &raw[4..20]);
     }
     #[inline(always)]
     fn scales<S: Simd>(&self, s: S, _: usize) -> [S::V; 2] {
@@ -120,9 +116,7 @@ impl Tile for Q5_0 {
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         self.d[c] = f16_at(raw, 0);
         set_fifth_bits(&mut self.qh, c, &raw[2..6]);
-        for (j, q) in self.qs.iter_mut().enumerate() {
-            q[c] = raw[6 + j];
-        }
+        set_lane_bytes(&mut self.qs, c, &raw[6..22]);
     }
     #[inline(always)]
     fn scales<S: Simd>(&self, s: S, _: usize) -> S::V {
@@ -167,9 +161,7 @@ impl Tile for Q5_1 {
         self.d[c] = f16_at(raw, 0);
         self.m[c] = f16_at(raw, 2);
         set_fifth_bits(&mut self.qh, c, &raw[4..8]);
-        for (j, q) in self.qs.iter_mut().enumerate() {
-            q[c] = raw[8 + j];
-        }
+        set_lane_bytes(&mut self.qs, c, &raw[8..24]);
     }
     #[inline(always)]
     fn scales<S: Simd>(&self, s: S, _: usize) -> [S::V; 2] {
