@@ -162,10 +162,17 @@ class SondeServer:
         proc.kill()
         proc.wait()
 
-    def restart_shard(self):
-        """What the launcher does after a shard died: the same command on the same socket."""
+    def restart_shard(self, model=None):
+        """What the launcher does after a shard died: the same command on the same socket
+        (or, to test the router's handshake, the command with another model)."""
         self._shard_uds.unlink(missing_ok=True)
-        self._spawn("shard", self._shard_cmd, self._shard_env)
+        cmd = list(self._shard_cmd)
+        if model is not None:
+            cmd[cmd.index("--model") + 1] = str(model)
+        self._spawn("shard", cmd, self._shard_env)
+
+    def router_log(self):
+        return (self.dir / "router.log").read_text(errors="replace")
 
     def log_tails(self):
         return "\n".join(f"--- {self.dir / name}.log ---\n{_tail(self.dir / (name + '.log'))}"

@@ -2,11 +2,13 @@
 turns 503, and serving resumes when a shard answers on the socket again."""
 
 import json
+import subprocess
 import threading
 import time
 
 import requests
 
+from conftest import DATA_DIR
 from sonde_http import generate, post
 
 FAIL_WITHIN_S = 5
@@ -65,5 +67,27 @@ def test_killed_shard_fails_requests_fast_and_recovers(launch):
     while requests.get(server.url + "/health", timeout=10).status_code != 200:
         assert time.monotonic() < deadline, f"health not back {RECOVER_WITHIN_S} s after the restart"
         time.sleep(0.2)
+    # Health came back through the handshake: the new process was asked what it serves and
+    # warmed before the router served it.
+    assert "serves the same model and is warm" in server.router_log(), server.log_tails()
     out = generate(server, "Once upon a time", max_new_tokens=4, details=True)
     assert out["details"]["generated_tokens"] == 4
+
+
+def test_a_shard_restarted_on_another_model_stops_the_router(launch):
+    """The launcher restarts a dead shard with the same command, but a file changed under
+    it (or a bug) could bring back something else: the router must not serve it with the
+    first model's tokenizer, limits and name."""
+    other = DATA_DIR / "models" / "smollm2-hf-f32"
+    assert other.is_dir(), f"{other} is missing: scripts/test builds it (scripts/gguf_to_hf.py)"
+    server = launch(name="sonde-shard-swap")
+    server.kill_shard()
+    server.restart_shard(model=other)
+    router = server.procs["router"]
+    try:
+        code = router.wait(RECOVER_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        code = None
+    log = server.router_log()
+    assert code not in (None, 0), f"the router kept running (or exited 0) on another model:\n{log[-3000:]}"
+    assert "serves something else than it did at startup" in log, log[-3000:]

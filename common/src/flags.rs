@@ -48,6 +48,25 @@ pub struct LimitArgs {
     /// Largest request body in bytes.
     #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
     pub payload_limit: usize,
+    /// Open HTTP connections at most; one more is answered 503 and closed.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's headers, from the connection's start or
+    /// from the first byte after an idle time; the connection is closed after (slowloris).
+    #[arg(long, env = "HTTP_HEADER_TIMEOUT", default_value_t = 20)]
+    pub http_header_timeout: u64,
+    /// Seconds a client has to send a request's whole body once its headers arrived; 408
+    /// after.
+    #[arg(long, env = "HTTP_BODY_TIMEOUT", default_value_t = 60)]
+    pub http_body_timeout: u64,
+    /// Seconds a keep-alive connection may stay idle between two requests.
+    #[arg(long, env = "HTTP_IDLE_TIMEOUT", default_value_t = 75)]
+    pub http_idle_timeout: u64,
+    /// Seconds an answer may stay blocked on a client that reads nothing (its socket
+    /// buffers full); the connection is then dropped and its request cancelled, so its
+    /// slot is freed.
+    #[arg(long, env = "HTTP_WRITE_TIMEOUT", default_value_t = 60)]
+    pub http_write_timeout: u64,
 }
 
 impl LimitArgs {
@@ -83,6 +102,11 @@ impl LimitArgs {
         flag("max-score-items", self.max_score_items.to_string());
         flag("max-response-bytes", self.max_response_bytes.to_string());
         flag("payload-limit", self.payload_limit.to_string());
+        flag("max-connections", self.max_connections.to_string());
+        flag("http-header-timeout", self.http_header_timeout.to_string());
+        flag("http-body-timeout", self.http_body_timeout.to_string());
+        flag("http-idle-timeout", self.http_idle_timeout.to_string());
+        flag("http-write-timeout", self.http_write_timeout.to_string());
         if self.enable_prefill_logprobs {
             a.push("--enable-prefill-logprobs".to_string());
         }
@@ -124,6 +148,11 @@ mod tests {
             "--max-score-items=11",
             "--max-response-bytes=12",
             "--payload-limit=13",
+            "--max-connections=14",
+            "--http-header-timeout=15",
+            "--http-body-timeout=16",
+            "--http-idle-timeout=17",
+            "--http-write-timeout=18",
         ]
         .map(String::from)
         .to_vec();

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser};
 
+use crate::http::HttpLimits;
 use crate::scheduler::BatchingConfig;
 use crate::validation::ValidationLimits;
 pub use sonde_common::flags::LimitArgs;
@@ -108,6 +109,8 @@ pub struct ServerConfig {
     pub model_id: String,
     /// How long a drain waits for in-flight requests.
     pub drain_timeout: Duration,
+    /// Connections and their time limits.
+    pub http: HttpLimits,
 }
 
 /// The environment variables Vertex AI sets, read once.
@@ -182,6 +185,28 @@ impl RouterArgs {
             model_path: self.model.clone(),
             model_id,
             drain_timeout: Duration::from_secs(self.graceful_termination_timeout),
+            http: self.http_limits()?,
+        })
+    }
+
+    fn http_limits(&self) -> Result<HttpLimits, String> {
+        let l = &self.limits;
+        let seconds = |value: u64, flag: &str| {
+            if value == 0 {
+                Err(format!("--{flag} must be at least 1 second"))
+            } else {
+                Ok(Duration::from_secs(value))
+            }
+        };
+        if l.max_connections == 0 {
+            return Err("--max-connections must be at least 1".to_string());
+        }
+        Ok(HttpLimits {
+            max_connections: l.max_connections,
+            header_timeout: seconds(l.http_header_timeout, "http-header-timeout")?,
+            body_timeout: seconds(l.http_body_timeout, "http-body-timeout")?,
+            idle_timeout: seconds(l.http_idle_timeout, "http-idle-timeout")?,
+            write_timeout: seconds(l.http_write_timeout, "http-write-timeout")?,
         })
     }
 }

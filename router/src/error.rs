@@ -21,6 +21,9 @@ pub enum ApiError {
     /// A body sent without `Content-Type: application/json`: 415.
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// A body that did not arrive within `--http-body-timeout`: 408.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// A body over `--payload-limit`: 413.
     #[error("{0}")]
     PayloadTooLarge(String),
@@ -56,7 +59,7 @@ pub struct ErrorBody {
     /// A sentence naming the field, the value and the limit where there is one.
     pub error: String,
     /// `validation`, `generation`, `overloaded`, `healthcheck`, `unauthorized`,
-    /// `malformed_json`, `unsupported_media_type`, `payload_too_large`,
+    /// `malformed_json`, `unsupported_media_type`, `request_timeout`, `payload_too_large`,
     /// `response_too_large`, `not_found`, `method_not_allowed` or `internal`.
     pub error_type: String,
 }
@@ -67,6 +70,7 @@ impl ApiError {
             ApiError::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::MalformedJson(_) => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::PayloadTooLarge(_) | ApiError::ResponseTooLarge(_) => {
                 StatusCode::PAYLOAD_TOO_LARGE
             }
@@ -85,6 +89,7 @@ impl ApiError {
             ApiError::Validation(_) => "validation",
             ApiError::MalformedJson(_) => "malformed_json",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::ResponseTooLarge(_) => "response_too_large",
             ApiError::Unauthorized(_) => "unauthorized",
@@ -109,6 +114,7 @@ impl ApiError {
             ApiError::Validation(m)
             | ApiError::MalformedJson(m)
             | ApiError::UnsupportedMediaType(m)
+            | ApiError::RequestTimeout(m)
             | ApiError::PayloadTooLarge(m)
             | ApiError::ResponseTooLarge(m)
             | ApiError::Unauthorized(m)

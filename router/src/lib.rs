@@ -6,6 +6,7 @@ pub mod config;
 pub mod docs;
 pub mod error;
 pub mod generation;
+pub mod http;
 pub mod infer;
 pub mod json;
 pub mod metrics;

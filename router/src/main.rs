@@ -9,9 +9,11 @@ use sonde_router::server;
 async fn main() -> anyhow::Result<()> {
     let args = RouterArgs::parse();
     sonde_common::init_logging(args.json_output);
-    let config = args
+    let mut config = args
         .resolve(&VertexEnv::from_process())
         .map_err(anyhow::Error::msg)?;
+    let http = &mut config.server.http;
+    http.max_connections = sonde_router::http::fit_max_connections(http.max_connections);
     // Bound before the shards are ready, so health probes get 503 instead of a refusal.
     let (host, port) = (&config.server.hostname, config.server.port);
     let listener = server::bind(&config.server)

@@ -33,6 +33,13 @@ pub const PREFIX_CACHE_HIT_TOKENS: &str = "sonde_prefix_cache_hit_tokens_total";
 pub const PREFIX_CACHE_EVICTED_TOKENS: &str = "sonde_prefix_cache_evicted_tokens_total";
 /// Gauge: tokens in the prefix cache.
 pub const PREFIX_CACHE_TOKENS: &str = "sonde_prefix_cache_tokens";
+/// Gauge: open HTTP connections.
+pub const HTTP_CONNECTIONS: &str = "sonde_http_connections";
+/// Counter: connections refused because `--max-connections` were open.
+pub const HTTP_CONNECTIONS_REFUSED: &str = "sonde_http_connections_refused_total";
+/// Counter `{kind="header"|"body"|"idle"|"write"}`: connections or requests ended by an
+/// HTTP time limit.
+pub const HTTP_TIMEOUTS: &str = "sonde_http_timeouts_total";
 /// Counter `{reason}`: requests that ended with an error inside the scheduler.
 pub const FAILED_REQUESTS: &str = "sonde_request_failure_total";
 

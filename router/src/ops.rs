@@ -14,12 +14,16 @@ use crate::state::{AppState, Health, Info};
 pub async fn health(State(state): State<AppState>) -> Response {
     let reason = match state.health() {
         Health::Ready => return StatusCode::OK.into_response(),
-        Health::Starting => "the model is loading",
-        Health::Draining => "the server is shutting down",
-        Health::ShardFailed => "a shard failed; waiting for it to come back",
+        Health::Starting => "the model is loading".to_string(),
+        Health::Draining => "the server is shutting down".to_string(),
+        Health::ShardFailed => "a shard failed; waiting for it to come back".to_string(),
+        Health::Failed => format!(
+            "the server is stopping: {}",
+            state.health_cell().reason().unwrap_or_default()
+        ),
     };
     let body = ErrorBody {
-        error: reason.to_string(),
+        error: reason,
         error_type: "healthcheck".to_string(),
     };
     (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()

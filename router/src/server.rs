@@ -112,8 +112,9 @@ pub async fn bind(config: &ServerConfig) -> std::io::Result<TcpListener> {
 }
 
 /// Serves until `shutdown` resolves, then drains: health turns 503, new requests are
-/// refused, and in-flight ones finish (for at most `--graceful-termination-timeout`). Startup (tokenizer, shards, warmup) runs in the
-/// background; if it fails the server stops with its error.
+/// refused, and in-flight ones finish (for at most `--graceful-termination-timeout`).
+/// Startup (tokenizer, shards, warmup) runs in the background; if it fails the server
+/// stops with its error.
 pub async fn run(
     config: RouterConfig,
     listener: TcpListener,
@@ -121,6 +122,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let state = AppState::new(config.server.clone());
     let app = app(state.clone()).map_err(anyhow::Error::msg)?;
+    let http_limits = config.server.http;
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<anyhow::Error>();
     let startup_state = state.clone();
     tokio::spawn(async move {
@@ -129,10 +131,12 @@ pub async fn run(
         }
     });
     let drain_state = state.clone();
+    let health = state.health_cell();
     let stopping = async move {
         let outcome = tokio::select! {
             _ = shutdown => None,
             Ok(e) = failed_rx => Some(e),
+            reason = health.failure() => Some(anyhow::Error::msg(reason)),
         };
         // Keep the port open while in-flight requests finish: probes see 503 and new
         // requests are refused with 503, instead of connections being refused.
@@ -143,11 +147,10 @@ pub async fn run(
         outcome
     };
     let (err_tx, err_rx) = tokio::sync::oneshot::channel();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = err_tx.send(stopping.await);
-        })
-        .await?;
+    crate::http::serve(listener, app, http_limits, async move {
+        let _ = err_tx.send(stopping.await);
+    })
+    .await;
     match err_rx.await {
         Ok(Some(e)) => Err(e),
         _ => Ok(()),

@@ -53,6 +53,43 @@ pub struct PrefixCacheStats {
     pub cached_tokens: u64,
 }
 
+/// What a shard serves, as its `Info` says. A shard that restarts must say the same before
+/// it is served again.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ShardInfo {
+    pub model_id: String,
+    pub architecture: String,
+    pub weights_format: String,
+    pub dtype: String,
+    pub device: String,
+    pub vocab_size: u32,
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
+    pub max_context: u32,
+    pub max_label_tokens: u32,
+    pub prefix_caching: bool,
+    pub prefix_block_tokens: u32,
+}
+
+impl ShardInfo {
+    /// Where `now` differs from `self`, as `field: was → now` pairs.
+    pub fn differences(&self, now: &ShardInfo) -> String {
+        let (Ok(serde_json::Value::Object(was)), Ok(serde_json::Value::Object(now))) =
+            (serde_json::to_value(self), serde_json::to_value(now))
+        else {
+            return format!("{self:?} → {now:?}");
+        };
+        was.iter()
+            .filter(|(field, value)| now.get(*field) != Some(value))
+            .map(|(field, value)| {
+                let new = now.get(field).cloned().unwrap_or_default();
+                format!("{field}: {value} → {new}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// A new batch to prefill: each request under the scheduler's id for it.
 #[derive(Debug, Clone)]
 pub struct NewBatch {
@@ -64,6 +101,11 @@ pub struct NewBatch {
 /// whether the shard itself is gone.
 pub trait Shard: Clone + Send + Sync + 'static {
     fn health(&self) -> impl Future<Output = Result<(), ClientError>> + Send;
+    /// What the shard serves.
+    fn info(&self) -> impl Future<Output = Result<ShardInfo, ClientError>> + Send;
+    /// Runs a prompt of `tokens` tokens through every kernel once; answers the shard's KV
+    /// budget in tokens.
+    fn warmup(&self, tokens: u32) -> impl Future<Output = Result<u32, ClientError>> + Send;
     fn prefill(
         &self,
         batch: NewBatch,

@@ -11,7 +11,7 @@ use sonde_tokenizer::ModelTokenizer;
 
 use crate::client::ShardClients;
 use crate::config::{input_limits, serving, RouterConfig, Serving, ShardFacts, ShardsConfig};
-use crate::scheduler::Scheduler;
+use crate::scheduler::{Handshake, Scheduler};
 use crate::shard::Shard;
 use crate::state::{AppState, Info, Ready};
 use crate::validation::Validator;
@@ -29,6 +29,7 @@ pub async fn start(config: &RouterConfig, state: &AppState) -> anyhow::Result<()
         .info()
         .await
         .context("asking the shard for the model's facts")?;
+    let shard_info = info.clone();
     let facts = ShardFacts {
         max_context: info.max_context,
         vocab_size: info.vocab_size,
@@ -39,10 +40,7 @@ pub async fn start(config: &RouterConfig, state: &AppState) -> anyhow::Result<()
     // batch would preallocate nothing; on a CPU it would only cost a minute of startup
     // (quadratic attention over a 4k prompt). A short one runs every kernel once.
     let warm = WARMUP_TOKENS.min(input.max_input_tokens);
-    let shard_kv_budget = client
-        .warmup(warm, warm)
-        .await
-        .context("warming up the shard")?;
+    let shard_kv_budget = client.warmup(warm).await.context("warming up the shard")?;
     let Serving { limits, batching } = serving(config, &facts, input, shard_kv_budget);
     tracing::info!(
         model = %info.model_id,
@@ -53,6 +51,7 @@ pub async fn start(config: &RouterConfig, state: &AppState) -> anyhow::Result<()
         "shards warm; serving"
     );
     let cfg = &state.config;
+    let num_shard = client.num_shard();
     let info = Info {
         model_id: cfg.model_id.clone(),
         model_dtype: info.dtype,
@@ -80,11 +79,20 @@ pub async fn start(config: &RouterConfig, state: &AppState) -> anyhow::Result<()
         max_score_items: cfg.max_score_items,
         max_response_bytes: cfg.max_response_bytes,
         payload_limit: cfg.payload_limit,
-        num_shard: client.num_shard(),
+        max_connections: cfg.http.max_connections,
+        http_header_timeout: cfg.http.header_timeout.as_secs(),
+        http_body_timeout: cfg.http.body_timeout.as_secs(),
+        http_idle_timeout: cfg.http.idle_timeout.as_secs(),
+        http_write_timeout: cfg.http.write_timeout.as_secs(),
+        num_shard,
         router: "sonde-router".to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
     };
-    let scheduler = Scheduler::spawn(client, batching, state.health_cell());
+    let handshake = Handshake {
+        info: shard_info,
+        warmup_tokens: warm,
+    };
+    let scheduler = Scheduler::spawn(client, batching, state.health_cell(), handshake);
     state.set_ready(Ready {
         validator: Validator::new(Arc::new(tokenizer), limits),
         backend: Arc::new(scheduler),

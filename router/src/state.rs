@@ -2,11 +2,11 @@
 //! the validator and the backend.
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use utoipa::ToSchema;
 
 use crate::config::ServerConfig;
@@ -21,6 +21,9 @@ pub enum Health {
     Ready = 1,
     Draining = 2,
     ShardFailed = 3,
+    /// A restarted shard does not serve what the router was started for: the router stops
+    /// (and the launcher with it) rather than serve it.
+    Failed = 4,
 }
 
 /// What only exists once the shards answered Info and Warmup.
@@ -62,37 +65,90 @@ pub struct Info {
     pub max_score_items: usize,
     pub max_response_bytes: usize,
     pub payload_limit: usize,
+    /// Open HTTP connections at most (`--max-connections`, within the open-files limit).
+    pub max_connections: usize,
+    /// Seconds a request's headers may take (`--http-header-timeout`).
+    pub http_header_timeout: u64,
+    /// Seconds a request's body may take (`--http-body-timeout`).
+    pub http_body_timeout: u64,
+    /// Seconds a keep-alive connection may stay idle (`--http-idle-timeout`).
+    pub http_idle_timeout: u64,
+    /// Seconds an answer may stay blocked on a client that reads nothing
+    /// (`--http-write-timeout`).
+    pub http_write_timeout: u64,
     pub num_shard: usize,
     pub router: String,
     pub version: String,
 }
 
 /// The server's health, shared by the handlers and the scheduler (which sees a shard
-/// fail and come back).
+/// fail and come back, or come back as something else).
 #[derive(Clone, Debug)]
-pub struct HealthCell(Arc<AtomicU8>);
+pub struct HealthCell(Arc<HealthInner>);
+
+#[derive(Debug)]
+struct HealthInner {
+    state: AtomicU8,
+    /// Why the server failed for good, once it has.
+    failure: Mutex<Option<String>>,
+    failed: Notify,
+}
 
 impl HealthCell {
     pub fn new() -> Self {
-        Self(Arc::new(AtomicU8::new(Health::Starting as u8)))
+        Self(Arc::new(HealthInner {
+            state: AtomicU8::new(Health::Starting as u8),
+            failure: Mutex::new(None),
+            failed: Notify::new(),
+        }))
     }
 
     pub fn get(&self) -> Health {
-        match self.0.load(Ordering::Acquire) {
+        match self.0.state.load(Ordering::Acquire) {
             1 => Health::Ready,
             2 => Health::Draining,
             3 => Health::ShardFailed,
+            4 => Health::Failed,
             _ => Health::Starting,
         }
     }
 
     pub fn set(&self, health: Health) {
-        // Draining is final: a shard coming back must not undo it.
+        // Draining and Failed are final: a shard coming back must not undo them.
         let _ = self
             .0
+            .state
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
-                (now != Health::Draining as u8).then_some(health as u8)
+                let fin = now == Health::Draining as u8 || now == Health::Failed as u8;
+                (!fin).then_some(health as u8)
             });
+    }
+
+    /// Fails the server for good: health 503 with `reason`, and [`HealthCell::failure`]
+    /// resolves, which stops the server with it.
+    pub fn fail(&self, reason: String) {
+        self.set(Health::Failed);
+        *self.0.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+        self.0.failed.notify_one();
+    }
+
+    /// Why the server failed for good, once it has.
+    pub async fn failure(&self) -> String {
+        loop {
+            let reason = self.reason();
+            if let Some(reason) = reason {
+                return reason;
+            }
+            self.0.failed.notified().await;
+        }
+    }
+
+    pub fn reason(&self) -> Option<String> {
+        self.0
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -152,6 +208,10 @@ impl AppState {
             (Health::ShardFailed, _) => Err(ApiError::NotReady(
                 "a shard failed and is coming back; retry shortly".into(),
             )),
+            (Health::Failed, _) => Err(ApiError::NotReady(format!(
+                "the server is stopping: {}",
+                self.health.reason().unwrap_or_default()
+            ))),
             (_, Some(ready)) => Ok(ready),
             (_, None) => Err(ApiError::NotReady(
                 "the model is still loading; retry when /health answers 200".into(),

@@ -16,7 +16,7 @@ use utoipa::ToSchema;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::invalid;
-use crate::json::ApiJson;
+use crate::json::{from_value, ApiJson};
 use crate::openai::types::{ChatRequest, CompletionRequest};
 use crate::state::{AppState, Ready};
 use crate::tgi;
@@ -191,11 +191,6 @@ async fn run(ready: &Ready, instance: Instance) -> Result<Value, ApiError> {
         Instance::Completion(p) => to_value(&openai::completions::run(ready, p).await?),
         Instance::Score(p) => to_value(&score::run(ready, p).await?),
     }
-}
-
-fn from_value<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, ApiError> {
-    // The path names the offending field (`parameters.top_n_tokens: invalid type ...`).
-    serde_path_to_error::deserialize(value).map_err(|e| ApiError::Validation(e.to_string()))
 }
 
 fn to_value<T: Serialize>(value: &T) -> Result<Value, ApiError> {

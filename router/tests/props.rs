@@ -68,6 +68,15 @@ const OPENAI_KEYS: &[&str] = &[
     "tools",
     "tool_choice",
 ];
+const SCORE_KEYS: &[&str] = &[
+    "query",
+    "items",
+    "label_token_ids",
+    "apply_softmax",
+    "item_first",
+    "model",
+];
+const TOKENIZE_KEYS: &[&str] = &["inputs", "prompt", "add_special_tokens", "tokens", "model"];
 const ROLES: &[&str] = &["system", "user", "assistant", "tool", "robot", ""];
 /// What a 4xx may be, and the words its sentence must hold.
 const ERROR_TYPES: &[&str] = &[
@@ -235,12 +244,31 @@ fn check(
         names_what_is_wrong(error),
         "{path}: the sentence names no field: {body}"
     );
+    for phrase in LIBRARY_PHRASES {
+        prop_assert!(
+            !error.contains(phrase),
+            "{path}: the JSON library's words ({phrase:?}): {body}"
+        );
+    }
     Ok(())
 }
 
+/// serde's and serde_json's phrasing, which a message must say in the API's words instead.
+const LIBRARY_PHRASES: &[&str] = &[
+    "untagged enum",
+    "any variant",
+    "unknown variant",
+    "at line",
+    " column ",
+    "invalid type:",
+    "invalid value:",
+    "expected struct",
+    "a sequence",
+    "missing field",
+];
+
 /// A validation sentence quotes a field (`max_new_tokens`, `instances[1]`) or starts with
-/// the path serde found the problem at (`parameters.top_k: invalid type …`); the others
-/// say what about the body is wrong.
+/// a path (`instances[1]: …`); the others say what about the body is wrong.
 fn names_what_is_wrong(error: &str) -> bool {
     let quoted = error.contains('`');
     let path = error.split_once(": ").is_some_and(|(p, _)| {
@@ -310,6 +338,14 @@ proptest! {
     }
 
     #[test]
+    fn scoring_and_tokenizer_bodies(score in fields(SCORE_KEYS), tokens in fields(TOKENIZE_KEYS),
+                                    path in select(vec!["/tokenize", "/detokenize"])) {
+        let (app, fake) = setup();
+        check(&app, &fake, "/v1/score", score.to_string().into_bytes())?;
+        check(&app, &fake, path, tokens.to_string().into_bytes())?;
+    }
+
+    #[test]
     fn vertex_bodies(body in vertex_body(), path in select(vec!["/predict", "/vertex"])) {
         let (app, fake) = setup();
         check(&app, &fake, path, body.to_string().into_bytes())?;
@@ -317,7 +353,7 @@ proptest! {
 
     #[test]
     fn any_json_and_any_bytes(v in value(), bytes in prop::collection::vec(any::<u8>(), 0..64),
-                              path in select(vec!["/generate", "/v1/completions", "/v1/chat/completions", "/predict", "/tokenize"])) {
+                              path in select(vec!["/generate", "/v1/completions", "/v1/chat/completions", "/predict", "/tokenize", "/detokenize", "/v1/score"])) {
         let (app, fake) = setup();
         check(&app, &fake, path, v.to_string().into_bytes())?;
         check(&app, &fake, path, bytes)?;

@@ -3,12 +3,29 @@
 use sonde_proto as pb;
 
 use crate::infer::{FinishReason, Sampling, TokenScore, ValidRequest};
-use crate::shard::{CachedBatch, Generation, NewBatch, PrefixCacheStats, StepOutput};
+use crate::shard::{CachedBatch, Generation, NewBatch, PrefixCacheStats, ShardInfo, StepOutput};
 
 pub(super) fn batch(b: &NewBatch) -> pb::Batch {
     pb::Batch {
         id: b.id,
         requests: b.requests.iter().map(|(id, r)| request(*id, r)).collect(),
+    }
+}
+
+pub(super) fn info(i: pb::InfoResponse) -> ShardInfo {
+    ShardInfo {
+        model_id: i.model_id,
+        architecture: i.architecture,
+        weights_format: i.weights_format,
+        dtype: i.dtype,
+        device: i.device,
+        vocab_size: i.vocab_size,
+        eos_token_ids: i.eos_token_ids,
+        bos_token_id: i.bos_token_id,
+        max_context: i.max_context,
+        max_label_tokens: i.max_label_tokens,
+        prefix_caching: i.prefix_caching,
+        prefix_block_tokens: i.prefix_block_tokens,
     }
 }
 

@@ -9,7 +9,7 @@ use sonde_proto as pb;
 use sonde_proto::text_generation_service_client::TextGenerationServiceClient;
 use tonic::transport::Channel;
 
-use crate::shard::{CachedBatch, NewBatch, Shard, StepOutput};
+use crate::shard::{CachedBatch, NewBatch, Shard, ShardInfo, StepOutput};
 
 mod convert;
 
@@ -97,26 +97,6 @@ impl ShardClients {
         }
         Ok(answers.swap_remove(0).into_inner())
     }
-
-    pub async fn info(&self) -> Result<pb::InfoResponse, ClientError> {
-        self.all(|mut c| async move { c.info(pb::InfoRequest {}).await })
-            .await
-    }
-
-    pub async fn warmup(
-        &self,
-        max_input_tokens: u32,
-        max_prefill_tokens: u32,
-    ) -> Result<u32, ClientError> {
-        let request = pb::WarmupRequest {
-            max_input_tokens,
-            max_prefill_tokens,
-        };
-        let answer = self
-            .all(|mut c| async move { c.warmup(request).await })
-            .await?;
-        Ok(answer.max_batch_total_tokens)
-    }
 }
 
 impl Shard for ShardClients {
@@ -124,6 +104,23 @@ impl Shard for ShardClients {
         self.all(|mut c| async move { c.health(pb::HealthRequest {}).await })
             .await
             .map(|_| ())
+    }
+
+    async fn info(&self) -> Result<ShardInfo, ClientError> {
+        self.all(|mut c| async move { c.info(pb::InfoRequest {}).await })
+            .await
+            .map(convert::info)
+    }
+
+    async fn warmup(&self, tokens: u32) -> Result<u32, ClientError> {
+        let request = pb::WarmupRequest {
+            max_input_tokens: tokens,
+            max_prefill_tokens: tokens,
+        };
+        let answer = self
+            .all(|mut c| async move { c.warmup(request).await })
+            .await?;
+        Ok(answer.max_batch_total_tokens)
     }
 
     async fn prefill(&self, batch: NewBatch) -> Result<StepOutput, ClientError> {

@@ -1,16 +1,19 @@
-//! A JSON body extractor whose failures use the one error envelope.
-//!
-//! axum's own `Json` answers rejections in plain text; this wrapper maps them: not JSON →
-//! 400, wrong types or unknown fields → 422 (with the field's path, from
-//! serde_path_to_error inside axum), no JSON content type → 415, over the body limit → 413.
+//! The JSON body extractor every route uses, whose failures use the one error envelope and
+//! the API's own words: no JSON content type → 415; a body that does not arrive within
+//! `--http-body-timeout` → 408; over `--payload-limit` → 413; not JSON → 400; not an
+//! object, a wrong type or value, an unknown field → 422 naming the field's path and what
+//! it must be ([`words`]).
 
-use axum::extract::rejection::JsonRejection;
+mod words;
+
+use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
-use axum::Json;
+use axum::http::{header, HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::http::BodyTimeout;
 use crate::state::AppState;
 
 pub struct ApiJson<T>(pub T);
@@ -19,54 +22,122 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(ApiJson(value)),
-            Err(rejection) => Err(map_rejection(rejection, state.config.payload_limit)),
+        if !is_json(req.headers()) {
+            return Err(ApiError::UnsupportedMediaType(
+                "the body must be JSON sent with `Content-Type: application/json`".to_string(),
+            ));
         }
+        let limit = state.config.payload_limit;
+        let timeout = req.extensions().get::<BodyTimeout>().copied();
+        let read = Bytes::from_request(req, state);
+        let bytes = match timeout {
+            Some(BodyTimeout(within)) => {
+                tokio::time::timeout(within, read).await.map_err(|_| {
+                    metrics::counter!(crate::metrics::HTTP_TIMEOUTS, "kind" => "body").increment(1);
+                    ApiError::RequestTimeout(format!(
+                        "the request body did not arrive within --http-body-timeout ({} s)",
+                        within.as_secs()
+                    ))
+                })?
+            }
+            None => read.await,
+        };
+        let bytes = bytes.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge(format!(
+                    "the request body is larger than the server's --payload-limit of {limit} bytes"
+                ))
+            } else {
+                ApiError::MalformedJson("the request body could not be read".to_string())
+            }
+        })?;
+        let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            ApiError::MalformedJson(format!("the body is not valid JSON: {}", syntax(&e)))
+        })?;
+        if !value.is_object() {
+            return Err(ApiError::Validation(format!(
+                "the request body must be a JSON object, got {}",
+                kind(&value)
+            )));
+        }
+        from_value(value).map(ApiJson)
     }
 }
 
-fn map_rejection(rejection: JsonRejection, payload_limit: usize) -> ApiError {
-    match rejection {
-        JsonRejection::JsonDataError(e) => ApiError::Validation(name_the_body(strip_prefix(e.body_text()))),
-        JsonRejection::JsonSyntaxError(e) => {
-            ApiError::MalformedJson(format!("the body is not valid JSON: {}", strip_prefix(e.body_text())))
-        }
-        JsonRejection::MissingJsonContentType(_) => ApiError::UnsupportedMediaType(
-            "the body must be JSON sent with `Content-Type: application/json`".to_string(),
-        ),
-        JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::PayloadTooLarge(format!(
-                "the request body is larger than the server's --payload-limit of {payload_limit} bytes"
-            ))
-        }
-        other => ApiError::MalformedJson(format!("could not read the body: {}", other.body_text())),
+/// A JSON value (a body, or a Vertex instance) as a request type, its errors in words.
+pub fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| ApiError::Validation(words::describe(&e)))
+}
+
+/// `application/json`, or any `application/…+json`, with any parameters (`charset`).
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence
+        .strip_prefix("application/")
+        .is_some_and(|sub| sub == "json" || sub.ends_with("+json"))
+}
+
+/// A syntax error where it is: serde_json's message with "line L, character C" in place of
+/// its own "at line L column C".
+fn syntax(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let what = text
+        .rsplit_once(" at line ")
+        .map_or(text.as_str(), |(what, _)| what);
+    format!("{what} (line {}, character {})", e.line(), e.column())
+}
+
+/// What a JSON value is, in a sentence.
+pub fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "true or false",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
     }
 }
 
-/// axum prefixes every message with a generic sentence; keep only the useful part
-/// (`parameters.max_new_tokens: invalid type: …`).
-fn strip_prefix(text: String) -> String {
-    for prefix in [
-        "Failed to deserialize the JSON body into the target type: ",
-        "Failed to parse the request body as JSON: ",
-    ] {
-        if let Some(rest) = text.strip_prefix(prefix) {
-            return rest.to_string();
-        }
-    }
-    text
-}
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
 
-/// serde names no field when the body itself has the wrong shape (`null`, `5`, `[]`); say
-/// that it is the body (found by tests/props.rs).
-fn name_the_body(text: String) -> String {
-    let has_path = text.split_once(": ").is_some_and(|(p, _)| {
-        !p.is_empty() && p.chars().all(|c| c.is_alphanumeric() || "_.[]".contains(c))
-    });
-    if !has_path && text.contains("expected struct") {
-        format!("the request body must be a JSON object: {text}")
-    } else {
-        text
+    #[test]
+    fn json_content_types() {
+        let with = |ct: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, ct.parse().unwrap());
+            is_json(&h)
+        };
+        assert!(with("application/json"));
+        assert!(with("Application/JSON; charset=utf-8"));
+        assert!(with("application/vnd.api+json"));
+        assert!(!with("text/plain"));
+        assert!(!with("application/jsonx"));
+        assert!(!is_json(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn syntax_errors_say_where_without_the_librarys_words() {
+        let e = serde_json::from_str::<Value>("{\"a\": 1,, }").unwrap_err();
+        let said = syntax(&e);
+        assert!(said.ends_with("(line 1, character 9)"), "{said}");
+        assert!(
+            !said.contains("column") && !said.contains("at line"),
+            "{said}"
+        );
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::queue::{Budget, Entry, Queue};
-use super::BatchingConfig;
+use super::{BatchingConfig, Handshake};
 use crate::client::ClientError;
 use crate::error::ApiError;
 use crate::infer::InferEvent;
@@ -21,7 +21,7 @@ const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 pub(super) struct Batcher<S> {
     client: S,
     config: BatchingConfig,
-    inbox: mpsc::UnboundedReceiver<Entry>,
+    handshake: Handshake,
     queue: Queue,
     /// Requests the shard holds, by their shard id.
     running: HashMap<u64, Entry>,
@@ -45,13 +45,13 @@ impl<S: Shard> Batcher<S> {
         client: S,
         config: BatchingConfig,
         health: HealthCell,
-        inbox: mpsc::UnboundedReceiver<Entry>,
+        handshake: Handshake,
     ) -> Self {
         Self {
             client,
             config,
             health,
-            inbox,
+            handshake,
             queue: Queue::default(),
             running: HashMap::new(),
             cached: Vec::new(),
@@ -61,13 +61,13 @@ impl<S: Shard> Batcher<S> {
         }
     }
 
-    pub(super) async fn run(mut self) {
+    pub(super) async fn run(mut self, mut inbox: mpsc::UnboundedReceiver<Entry>) {
         loop {
             if self.cached.is_empty() && self.queue.is_empty() {
                 // Idle: wait for a request (a closed inbox means shutdown), and check the
                 // shard every second meanwhile, so health turns 503 when a shard dies
                 // with no request in flight, and 200 again when it is back.
-                match tokio::time::timeout(PROBE_INTERVAL, self.inbox.recv()).await {
+                match tokio::time::timeout(PROBE_INTERVAL, inbox.recv()).await {
                     Ok(Some(entry)) => self.queue.push(entry),
                     Ok(None) => break,
                     Err(_) => {
@@ -76,10 +76,18 @@ impl<S: Shard> Batcher<S> {
                     }
                 }
             }
-            while let Ok(entry) = self.inbox.try_recv() {
+            while let Ok(entry) = inbox.try_recv() {
                 self.queue.push(entry);
             }
             self.queue.drop_cancelled();
+            if self.health.get() == Health::ShardFailed {
+                // Nothing runs on a shard that has not passed the handshake again.
+                self.probe().await;
+                if self.health.get() != Health::Ready {
+                    self.fail_queued();
+                    continue;
+                }
+            }
             self.admit().await;
             self.drop_cancelled().await;
             if !self.cached.is_empty() {
@@ -92,16 +100,14 @@ impl<S: Shard> Batcher<S> {
         }
     }
 
-    /// Asks the shard whether it is alive (idle time only: a busy shard answers every step).
+    /// Asks the shard whether it is alive (idle time only: a busy shard answers every step);
+    /// one that failed must pass the handshake again before it is served.
     async fn probe(&self) {
         let alive = tokio::time::timeout(PROBE_INTERVAL, self.client.health())
             .await
             .is_ok_and(|r| r.is_ok());
         match (alive, self.health.get()) {
-            (true, Health::ShardFailed) => {
-                tracing::info!("the shard answers again; serving");
-                self.health.set(Health::Ready);
-            }
+            (true, Health::ShardFailed) => self.rehandshake().await,
             (false, Health::Ready) => {
                 tracing::error!(
                     "the shard does not answer its health check; health is 503 until it does"
@@ -109,6 +115,63 @@ impl<S: Shard> Batcher<S> {
                 self.health.set(Health::ShardFailed);
             }
             _ => {}
+        }
+    }
+
+    /// A shard that answers again after a failure is likely a new process: it must serve
+    /// what the router was started for (its Info the same as at startup) and be warm before
+    /// health is 200 again. One that serves something else stops the server: its answers
+    /// would not match the tokenizer, the limits or the model name clients were told.
+    async fn rehandshake(&self) {
+        let expected = &self.handshake;
+        let info = match self.deadline(self.client.info()).await {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::warn!(error = %e, "the shard answers its health check but not Info; retrying");
+                return;
+            }
+        };
+        if info != expected.info {
+            let reason = format!(
+                "the restarted shard serves something else than it did at startup ({}); \
+                 refusing to serve it",
+                expected.info.differences(&info)
+            );
+            tracing::error!("{reason}");
+            self.health.fail(reason);
+            return;
+        }
+        match self
+            .deadline(self.client.warmup(expected.warmup_tokens))
+            .await
+        {
+            Ok(budget) if budget >= self.config.max_batch_total_tokens => {
+                tracing::info!(
+                    "the shard answers again, serves the same model and is warm; serving"
+                );
+                self.health.set(Health::Ready);
+            }
+            Ok(budget) => {
+                let reason = format!(
+                    "the restarted shard's KV budget ({budget} tokens) is below the {} the \
+                     router admits requests under; refusing to overcommit it",
+                    self.config.max_batch_total_tokens
+                );
+                tracing::error!("{reason}");
+                self.health.fail(reason);
+            }
+            Err(e) => tracing::warn!(error = %e, "warming up the restarted shard failed; retrying"),
+        }
+    }
+
+    /// Fails what waits while the shard is down: it cannot run until the shard is back.
+    fn fail_queued(&mut self) {
+        let error = ApiError::Generation(
+            "the shard is down and being restarted; retry shortly".to_string(),
+        );
+        while let Some(entry) = self.queue.pop_front() {
+            metrics::counter!(m::FAILED_REQUESTS, "reason" => "shard_down").increment(1);
+            entry.fail(error.clone());
         }
     }
 

@@ -9,11 +9,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::super::{BatchingConfig, Scheduler};
+use super::super::{BatchingConfig, Handshake, Scheduler};
 use crate::client::ClientError;
 use crate::error::ApiError;
 use crate::infer::{Backend, EventReceiver, FinishReason, InferEvent, TokenScore, ValidRequest};
-use crate::shard::{CachedBatch, Generation, NewBatch, Shard, StepOutput};
+use crate::shard::{CachedBatch, Generation, NewBatch, Shard, ShardInfo, StepOutput};
 use crate::state::{Health, HealthCell};
 
 /// A shard call as the fake saw it (request ids, not batch ids, so tests read simply).
@@ -23,6 +23,8 @@ enum Call {
     Decode(Vec<u64>),
     Filter(Vec<u64>),
     Clear(Option<u64>),
+    Info,
+    Warmup,
 }
 
 struct Running {
@@ -40,6 +42,8 @@ struct State {
     decodes: usize,
     /// The decode call (1-based) that fails, and how.
     fail_decode: Option<(usize, tonic::Code)>,
+    /// What `Info` answers: the model it serves.
+    model_id: String,
 }
 
 #[derive(Clone)]
@@ -63,6 +67,38 @@ impl FakeShard {
     fn fail_decode(&self, nth: usize, code: tonic::Code) {
         self.state.lock().unwrap().fail_decode = Some((nth, code));
     }
+
+    /// Makes `Info` answer another model, as a shard restarted on another file would.
+    fn serve_model(&self, model_id: &str) {
+        self.state.lock().unwrap().model_id = model_id.to_string();
+    }
+}
+
+fn shard_info(model_id: &str) -> ShardInfo {
+    ShardInfo {
+        model_id: model_id.to_string(),
+        architecture: "llama".into(),
+        weights_format: "gguf".into(),
+        dtype: "q4_1".into(),
+        device: "cpu".into(),
+        vocab_size: 1000,
+        eos_token_ids: vec![2],
+        bos_token_id: Some(1),
+        max_context: 2048,
+        max_label_tokens: 128,
+        prefix_caching: true,
+        prefix_block_tokens: 16,
+    }
+}
+
+/// The scheduler over `shard`, which passed its startup handshake with the model `m`.
+fn spawn(shard: &FakeShard, config: BatchingConfig, health: HealthCell) -> Scheduler {
+    let handshake = Handshake {
+        info: shard_info("m"),
+        warmup_tokens: 8,
+    };
+    shard.serve_model("m");
+    Scheduler::spawn(shard.clone(), config, health, handshake)
 }
 
 fn error(code: tonic::Code, message: &str) -> ClientError {
@@ -128,6 +164,17 @@ async fn work() {
 impl Shard for FakeShard {
     async fn health(&self) -> Result<(), ClientError> {
         Ok(())
+    }
+
+    async fn info(&self) -> Result<ShardInfo, ClientError> {
+        let mut state = self.state.lock().unwrap();
+        state.calls.push(Call::Info);
+        Ok(shard_info(&state.model_id))
+    }
+
+    async fn warmup(&self, _tokens: u32) -> Result<u32, ClientError> {
+        self.state.lock().unwrap().calls.push(Call::Warmup);
+        Ok(self.kv_budget)
     }
 
     async fn prefill(&self, batch: NewBatch) -> Result<StepOutput, ClientError> {
@@ -260,7 +307,7 @@ async fn admission_keeps_within_the_kv_budget_and_serves_the_rest_after() {
     // Three requests of 50 KV tokens each under a budget of 100: two run, the third
     // waits for room instead of being sent to a shard that would refuse it.
     let shard = FakeShard::new(100);
-    let scheduler = Scheduler::spawn(shard.clone(), config(100), HealthCell::new());
+    let scheduler = spawn(&shard, config(100), HealthCell::new());
     let rxs: Vec<_> = [100, 200, 300]
         .into_iter()
         .map(|first| scheduler.schedule(request(first, 10, 40)).unwrap())
@@ -296,7 +343,7 @@ async fn admission_keeps_within_the_kv_budget_and_serves_the_rest_after() {
 #[tokio::test]
 async fn a_new_request_joins_the_running_batch() {
     let shard = FakeShard::new(10_000);
-    let scheduler = Scheduler::spawn(shard.clone(), config(10_000), HealthCell::new());
+    let scheduler = spawn(&shard, config(10_000), HealthCell::new());
     let mut long = scheduler.schedule(request(100, 4, 30)).unwrap();
     let first = next_token(&mut long).await;
     let short = scheduler.schedule(request(500, 4, 3)).unwrap();
@@ -324,7 +371,7 @@ async fn a_new_request_joins_the_running_batch() {
 #[tokio::test]
 async fn a_cancelled_request_is_filtered_out_and_the_others_go_on() {
     let shard = FakeShard::new(10_000);
-    let scheduler = Scheduler::spawn(shard.clone(), config(10_000), HealthCell::new());
+    let scheduler = spawn(&shard, config(10_000), HealthCell::new());
     let mut kept = scheduler.schedule(request(100, 4, 20)).unwrap();
     let mut left = scheduler.schedule(request(200, 4, 20)).unwrap();
     let first = next_token(&mut kept).await;
@@ -367,7 +414,7 @@ async fn a_shard_error_fails_every_request_of_the_step_and_serving_goes_on() {
     let shard = FakeShard::new(10_000);
     let health = HealthCell::new();
     health.set(Health::Ready);
-    let scheduler = Scheduler::spawn(shard.clone(), config(10_000), health.clone());
+    let scheduler = spawn(&shard, config(10_000), health.clone());
     shard.fail_decode(3, tonic::Code::Internal);
     let a = scheduler.schedule(request(100, 4, 20)).unwrap();
     let b = scheduler.schedule(request(200, 4, 20)).unwrap();
@@ -399,7 +446,7 @@ async fn a_shard_that_is_gone_turns_health_to_503() {
     let shard = FakeShard::new(10_000);
     let health = HealthCell::new();
     health.set(Health::Ready);
-    let scheduler = Scheduler::spawn(shard.clone(), config(10_000), health.clone());
+    let scheduler = spawn(&shard, config(10_000), health.clone());
     shard.fail_decode(1, tonic::Code::Unavailable);
     let got = receive(
         scheduler.schedule(request(100, 4, 5)).unwrap(),
@@ -409,4 +456,68 @@ async fn a_shard_that_is_gone_turns_health_to_503() {
     assert_eq!(got.tokens, [100]);
     assert!(got.error.is_some());
     assert_eq!(health.get(), Health::ShardFailed);
+}
+
+#[tokio::test]
+async fn a_shard_back_after_a_failure_is_asked_info_and_warmed_before_health_is_200() {
+    let shard = FakeShard::new(10_000);
+    let health = HealthCell::new();
+    health.set(Health::Ready);
+    let scheduler = spawn(&shard, config(10_000), health.clone());
+    shard.fail_decode(1, tonic::Code::Unavailable);
+    let got = receive(
+        scheduler.schedule(request(100, 4, 5)).unwrap(),
+        Received::default(),
+    )
+    .await;
+    assert!(got.error.is_some());
+    assert_eq!(health.get(), Health::ShardFailed);
+    // The idle scheduler probes every second; the shard answers again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while health.get() != Health::Ready {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never healthy again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let calls = shard.calls();
+    let info = calls.iter().position(|c| *c == Call::Info);
+    let warmup = calls.iter().position(|c| *c == Call::Warmup);
+    assert!(
+        info.is_some() && warmup > info,
+        "health turned 200 without Info then Warmup: {calls:?}"
+    );
+    let c = receive(
+        scheduler.schedule(request(300, 4, 3)).unwrap(),
+        Received::default(),
+    )
+    .await;
+    assert_eq!(c.tokens, counting(300, 3));
+}
+
+#[tokio::test]
+async fn a_shard_back_with_another_model_fails_the_server_for_good() {
+    let shard = FakeShard::new(10_000);
+    let health = HealthCell::new();
+    health.set(Health::Ready);
+    let scheduler = spawn(&shard, config(10_000), health.clone());
+    shard.fail_decode(1, tonic::Code::Unavailable);
+    let _ = receive(
+        scheduler.schedule(request(100, 4, 5)).unwrap(),
+        Received::default(),
+    )
+    .await;
+    shard.serve_model("another");
+    let reason = tokio::time::timeout(Duration::from_secs(5), health.failure())
+        .await
+        .expect("the mismatch stops the server");
+    assert_eq!(health.get(), Health::Failed);
+    assert!(
+        reason.contains("another") && reason.contains("refusing"),
+        "{reason}"
+    );
+    // Final: a later recovery does not undo it.
+    health.set(Health::Ready);
+    assert_eq!(health.get(), Health::Failed);
 }

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::infer::{Backend, EventReceiver, ValidRequest};
-use crate::shard::Shard;
+use crate::shard::{Shard, ShardInfo};
 use crate::state::HealthCell;
 use queue::Entry;
 
@@ -32,6 +32,17 @@ pub struct BatchingConfig {
     pub step_timeout: Duration,
 }
 
+/// What a shard must answer before it is served: at startup, and again when it comes back
+/// after a failure (the launcher restarts a dead shard, and a new process may have loaded
+/// something else, or not be warm).
+#[derive(Debug, Clone)]
+pub struct Handshake {
+    /// The shard's `Info` at startup, which a restarted shard must repeat.
+    pub info: ShardInfo,
+    /// Prompt tokens of the warmup.
+    pub warmup_tokens: u32,
+}
+
 #[derive(Clone)]
 pub struct Scheduler {
     tx: mpsc::UnboundedSender<Entry>,
@@ -39,9 +50,15 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Starts the batching task; it ends when every handle is dropped.
-    pub fn spawn(shard: impl Shard, config: BatchingConfig, health: HealthCell) -> Self {
+    pub fn spawn(
+        shard: impl Shard,
+        config: BatchingConfig,
+        health: HealthCell,
+        handshake: Handshake,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(batcher::Batcher::new(shard, config, health, rx).run());
+        let batcher = batcher::Batcher::new(shard, config, health, handshake);
+        tokio::spawn(batcher.run(rx));
         Self { tx }
     }
 }

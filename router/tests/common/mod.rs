@@ -15,6 +15,7 @@ use serde_json::Value;
 use sonde_proto::LogprobsMode;
 use sonde_router::config::ServerConfig;
 use sonde_router::error::ApiError;
+use sonde_router::http::HttpLimits;
 use sonde_router::infer::{
     Backend, EventReceiver, FinishReason, InferEvent, TokenScore, ValidRequest,
 };
@@ -191,6 +192,13 @@ pub fn config() -> ServerConfig {
         model_path: model_path(),
         model_id: "smollm2-test".into(),
         drain_timeout: Duration::from_secs(1),
+        http: HttpLimits {
+            max_connections: 64,
+            header_timeout: Duration::from_secs(2),
+            body_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(3),
+            write_timeout: Duration::from_secs(2),
+        },
     }
 }
 
@@ -238,6 +246,11 @@ fn info(cfg: &ServerConfig, l: &ValidationLimits) -> Info {
         max_score_items: cfg.max_score_items,
         max_response_bytes: cfg.max_response_bytes,
         payload_limit: cfg.payload_limit,
+        max_connections: cfg.http.max_connections,
+        http_header_timeout: cfg.http.header_timeout.as_secs(),
+        http_body_timeout: cfg.http.body_timeout.as_secs(),
+        http_idle_timeout: cfg.http.idle_timeout.as_secs(),
+        http_write_timeout: cfg.http.write_timeout.as_secs(),
         num_shard: 1,
         router: "sonde-router".into(),
         version: "test".into(),
