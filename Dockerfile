@@ -2,7 +2,7 @@
 #
 #   docker build -t sonde .                                   # CPU (default)
 #   docker build -t sonde-cuda \
-#       --build-arg FEATURES=sonde-shard/cuda \
+#       --build-arg FEATURES=sonde-shard/cuda --build-arg CUDA_COMPUTE_CAP=89 \
 #       --build-arg BUILDER_IMAGE=nvidia/cuda:12.4.1-devel-ubuntu22.04 \
 #       --build-arg RUNTIME_IMAGE=nvidia/cuda:12.4.1-runtime-ubuntu22.04 .
 #   docker run -p 8080:8080 sonde                             # serves the default model
@@ -14,6 +14,9 @@ ARG RUNTIME_IMAGE=debian:bookworm-slim
 
 FROM ${BUILDER_IMAGE} AS builder
 ARG FEATURES=""
+# The GPU generation candle's CUDA kernels are compiled for (89: L4; 80: A100; 90: H100; 75:
+# T4). No GPU is visible during `docker build`, so it cannot be asked; CPU builds ignore it.
+ARG CUDA_COMPUTE_CAP=80
 # CUDA builder images have no Rust: install the toolchain the project is tested with.
 RUN if ! command -v cargo >/dev/null; then \
         apt-get update && apt-get install -y --no-install-recommends curl ca-certificates build-essential \

@@ -24,6 +24,9 @@ BIN_DIR = Path(os.environ.get("SONDE_BIN_DIR", REPO / "target" / "debug"))
 DATA_DIR = Path(os.environ.get("SONDE_DATA_DIR", REPO / "data"))
 MODEL = DATA_DIR / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 FORWARD_JSON = DATA_DIR / "reference" / "forward.json"
+# SONDE_E2E_DEVICE=cuda serves the tests' models on that device (scripts/gpu-check does).
+DEVICE = os.environ.get("SONDE_E2E_DEVICE")
+DEVICE_ARGS = ["--device", DEVICE] if DEVICE else []
 START_TIMEOUT_S = 120
 STOP_GRACE_S = 10
 LOG_TAIL_LINES = 40
@@ -120,7 +123,7 @@ class SondeServer:
         prefix = self.dir / "shard"
         uds = Path(f"{prefix}-0")
         self._shard_cmd = [shard_bin, "--model", str(MODEL), "--uds-path", str(uds),
-                           *self.shard_args]
+                           *DEVICE_ARGS, *self.shard_args]
         self._shard_env = env
         self._shard_uds = uds
         self._spawn("shard", self._shard_cmd, env)
@@ -139,6 +142,8 @@ class SondeServer:
         self._spawn("router", cmd, {**env, **self.extra_env})
         _LIVE.append(self)
         self._wait_healthy(deadline)
+        if DEVICE and (served := self.info()["model_device_type"]) != DEVICE:
+            self._fail(f"the model is served on {served}, not on SONDE_E2E_DEVICE={DEVICE}")
         return self
 
     def _wait_healthy(self, deadline):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import requests
 
-from conftest import BIN_DIR, DATA_DIR, REPO, _free_port, _tail, parse_prometheus
+from conftest import BIN_DIR, DATA_DIR, DEVICE_ARGS, REPO, _free_port, _tail, parse_prometheus
 
 START_TIMEOUT_S = 180
 
@@ -117,7 +117,7 @@ class Launched:
 
 def launcher_cmd(port, uds_prefix, *args):
     return [BIN_DIR / "sonde-launcher", "--port", port, "--hostname", "127.0.0.1",
-            "--shard-uds-path", uds_prefix, *args]
+            "--shard-uds-path", uds_prefix, *DEVICE_ARGS, *args]
 
 
 def serve_cmd(port, uds_prefix, *args):

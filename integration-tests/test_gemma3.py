@@ -17,15 +17,14 @@ import json
 import pytest
 import requests
 
-from conftest import DATA_DIR
+from conftest import DATA_DIR, DEVICE
 from launched import Launched, launcher_cmd
-from sonde_http import REF_TOL, assert_close, assert_error, generate, ok_json, post
+from sonde_http import REF_TOL, TIE, assert_close, assert_error, generate, ok_json, post
 
 GEMMA = DATA_DIR / "models" / "gemma-3-270m-q4_k_m.gguf"
 FORWARD = DATA_DIR / "reference" / "gemma3" / "forward.json"
 TOKENIZER = DATA_DIR / "reference" / "gemma3-tokenizer" / "reference.json"
 MAX_NEW = 16
-TIE = 1e-3  # greedy steps whose top-2 margin is this small may legitimately flip
 
 
 def _load(path):
@@ -55,6 +54,7 @@ def test_info_names_the_model(gemma):
     info = ok_json(requests.get(gemma.url + "/info", timeout=30))
     assert info["model_id"] == str(GEMMA), info
     assert info["architecture"] == "gemma3", info
+    assert info["model_device_type"] == (DEVICE or "cpu"), info
     # Every block format of the file, spelled as GGUF spells it.
     assert set(info["model_dtype"].split(", ")) == {"q8_0", "q5_0", "q4_k", "q6_k"}, info
 

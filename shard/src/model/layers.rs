@@ -18,8 +18,26 @@ pub enum Kernel {
     /// Sonde's exact, batch-invariant CPU kernel (every served block format, dense
     /// f32/f16/bf16). Shared by a tied embedding and output layer.
     Host(Arc<CpuQuantMatrix>),
-    /// candle's, on GPUs (its quantized kernels round activations to 8 bits).
+    /// candle's, on GPUs, with f32 activations (see [`candle_matmuls_in_f32`]).
     Candle(QMatMul),
+}
+
+/// Makes candle's quantized matmuls on `device` multiply f32 activations, as Sonde's CPU
+/// kernels do. By default candle's CUDA kernels (MMVQ/MMQ, llama.cpp's) round the activations
+/// to 8 bits (q8_1) before integer dot products, which moves logprobs by up to a nat
+/// (docs/shard.md, Accuracy). Its DMMV path keeps them f32: one row goes through a
+/// dequantize-mul-mat-vec kernel, more rows through the dequantized f32 matrix and cuBLAS,
+/// whose f32 products stay f32 (no TF32). Both switches are process-wide in candle, which
+/// suits a shard: it serves one model on one device. Nothing to do elsewhere: on the CPU the
+/// projections use [`Kernel::Host`].
+pub fn candle_matmuls_in_f32(device: &Device) {
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        candle_core::quantized::cuda::set_force_dmmv(true);
+        candle_core::cuda::set_gemm_reduced_precision_f32(false);
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = device;
 }
 
 /// A projection `x @ W^T (+ b)` over rows of activations.

@@ -10,7 +10,7 @@ use candle_core::{DType, Device};
 use super::attention::{AttnParams, HeadShape};
 use super::cpu_matmul::CpuQuantMatrix;
 use super::decoder::{AttentionKernel, GateUp, Layer, Model, Qkv};
-use super::layers::{Embedding, Kernel, Linear, RmsNorm};
+use super::layers::{candle_matmuls_in_f32, Embedding, Kernel, Linear, RmsNorm};
 use super::names::{LayerTensor as L, Naming, Part, TensorName};
 use super::rope::Rope;
 use super::spec::{FreqFactors, MlpLayout, ModelSpec, QkvLayout};
@@ -54,6 +54,7 @@ impl Model {
                 what: "the host attention kernel needs the CPU".into(),
             });
         }
+        candle_matmuls_in_f32(&placement.device);
         resolve_rope_factors(&mut spec, src, naming)?;
         let ropes = spec
             .ropes
@@ -149,7 +150,7 @@ impl Loader<'_> {
         let weight = self.src.matrix(&key, rows, cols, &self.device)?;
         if !self.device.is_cpu() {
             return Ok(Kernel::Candle(match weight {
-                Weight::Quantized(q) => QMatMul::from_qtensor(q)?,
+                Weight::Quantized(q) => QMatMul::from_qtensor(*q)?,
                 Weight::Dense(t) => {
                     QMatMul::Tensor(t.to_dtype(DType::F32)?.to_device(&self.device)?)
                 }

@@ -19,7 +19,9 @@ use crate::error::{candle_message, LoadError};
 
 /// A projection matrix as stored: quantized blocks, or a dense tensor of the file's dtype.
 pub enum Weight {
-    Quantized(QTensor),
+    /// Boxed: a CUDA build's `QTensor` holds its device (over 200 bytes), a `Tensor` is a
+    /// pointer.
+    Quantized(Box<QTensor>),
     Dense(Tensor),
 }
 
@@ -208,7 +210,7 @@ impl WeightSource {
                 if !self.formats.contains(&label) {
                     self.formats.push(label);
                 }
-                Weight::Quantized(t)
+                Weight::Quantized(Box::new(t))
             }
             Kind::Safetensors { tensors, .. } => match tensors.get(key) {
                 Some(t) => Weight::Dense(t.clone()),
