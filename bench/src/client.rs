@@ -11,6 +11,8 @@ pub enum Api {
     Sonde { prompt_logprobs: bool },
     /// `/v1/completions` with `stream: true`.
     OpenAi,
+    /// Sonde's `/v1/score`: each request scores this many items against one query.
+    Score { items: usize },
 }
 
 pub struct Client {
@@ -48,6 +50,10 @@ impl Client {
         })
     }
 
+    pub fn api(&self) -> Api {
+        self.api
+    }
+
     pub async fn run(&self, prompt: &str, max_tokens: u32) -> Outcome {
         let started = Instant::now();
         let mut outcome = match self.api {
@@ -73,7 +79,7 @@ impl Client {
                     "inputs": prompt,
                     "parameters": {"max_new_tokens": max_tokens, "do_sample": false},
                 })),
-            Api::OpenAi => self
+            Api::OpenAi | Api::Score { .. } => self
                 .http
                 .post(format!("{}/v1/completions", self.base))
                 .json(&json!({
@@ -141,7 +147,7 @@ impl Client {
         Ok(match self.api {
             Api::Sonde { .. } => value.get("token").is_some(),
             // One chunk per token; the closing chunk of some servers has no text.
-            Api::OpenAi => value["choices"][0]["text"]
+            Api::OpenAi | Api::Score { .. } => value["choices"][0]["text"]
                 .as_str()
                 .is_some_and(|t| !t.is_empty()),
         })
@@ -174,6 +180,40 @@ impl Client {
             tokens,
             ..Outcome::default()
         })
+    }
+}
+
+impl Client {
+    /// One `/v1/score` call: `items` against `query`, two labels each; its outcome counts
+    /// the items scored as its tokens.
+    pub async fn score(&self, query: &str, items: &[String]) -> Outcome {
+        let started = Instant::now();
+        let body = json!({"query": query, "items": items, "label_token_ids": [1, 2]});
+        let answer = async {
+            let resp = self
+                .http
+                .post(format!("{}/v1/score", self.base))
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            if !resp.status().is_success() {
+                return Err(format!("HTTP {}", resp.status()));
+            }
+            let value: Value = resp.json().await.map_err(|e| e.to_string())?;
+            Ok(value["scores"].as_array().map_or(0, Vec::len) as u32)
+        };
+        let (error, tokens) = match answer.await {
+            Ok(scored) => (None, scored),
+            Err(e) => (Some(e), 0),
+        };
+        Outcome {
+            error,
+            ttft: Some(started.elapsed()),
+            latency: started.elapsed(),
+            tokens,
+            ..Outcome::default()
+        }
     }
 }
 

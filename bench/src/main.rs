@@ -54,6 +54,11 @@ struct Args {
     /// Sonde only: also score the prompt (`decoder_input_details`, non-streamed).
     #[arg(long)]
     prompt_logprobs: bool,
+    /// Sonde only: each request is one `/v1/score` call of this many items (endings of
+    /// the shared context, which is the query; needs --shared-prefix-words). The report
+    /// counts items scored as its tokens.
+    #[arg(long, requires = "shared_prefix_words")]
+    score_items: Option<usize>,
     /// Requests sent first and left out of the figures.
     #[arg(long, default_value_t = 2)]
     warmup: usize,
@@ -74,11 +79,13 @@ enum ApiArg {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let api = match args.api {
-        ApiArg::Sonde => Api::Sonde {
+    let api = match (args.api, args.score_items) {
+        (ApiArg::Sonde, Some(items)) => Api::Score { items },
+        (ApiArg::Sonde, None) => Api::Sonde {
             prompt_logprobs: args.prompt_logprobs,
         },
-        ApiArg::Openai => Api::OpenAi,
+        (ApiArg::Openai, Some(_)) => anyhow::bail!("--score-items needs --api sonde"),
+        (ApiArg::Openai, None) => Api::OpenAi,
     };
     let client = Client::new(&args.url, api, Duration::from_secs(args.timeout))?;
     let workload = match (args.prompt_tokens, &args.tokenizer) {
@@ -95,9 +102,7 @@ async fn main() -> anyhow::Result<()> {
     };
     for i in 0..args.warmup {
         // Numbered after the measured requests, so none of them repeats a warmup prompt.
-        let _ = client
-            .run(&workload.prompt(args.requests + i), args.max_tokens)
-            .await;
+        let _ = workload.send(&client, args.requests + i).await;
     }
     let started = Instant::now();
     let results = workload::closed_loop(&client, &workload, args.concurrency, args.requests).await;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::bail;
 use sonde_tokenizer::ModelTokenizer;
 
-use crate::client::{Client, Outcome};
+use crate::client::{Api, Client, Outcome};
 
 /// Public-domain opening lines, so prompts are real text (tokenizers behave as on real
 /// traffic) and every run sends the same ones.
@@ -121,6 +121,35 @@ impl Workload {
     }
 }
 
+impl Workload {
+    /// Request `i` as a scoring call: the shared context as the query, and `items` endings
+    /// (each its own, numbered) as the items: the same texts that `items` separate requests
+    /// with this context would send.
+    pub fn query_and_items(&self, i: usize, items: usize) -> (String, Vec<String>) {
+        let endings = (0..items)
+            .map(|k| {
+                format!(
+                    "Request {}-{i}-{k}. {}",
+                    self.run,
+                    self.prompts[k % self.prompts.len()]
+                )
+            })
+            .collect();
+        (self.shared.clone(), endings)
+    }
+
+    /// Sends request `i` as `client`'s API says.
+    pub async fn send(&self, client: &Client, i: usize) -> Outcome {
+        match client.api() {
+            Api::Score { items } => {
+                let (query, items) = self.query_and_items(i, items);
+                client.score(&query, &items).await
+            }
+            _ => client.run(&self.prompt(i), self.max_tokens).await,
+        }
+    }
+}
+
 /// `concurrency` clients share a counter of requests left; each sends its next request as
 /// soon as its previous one ended.
 pub async fn closed_loop(
@@ -139,7 +168,7 @@ pub async fn closed_loop(
                 if i >= requests {
                     return outcomes;
                 }
-                outcomes.push(client.run(&workload.prompt(i), workload.max_tokens).await);
+                outcomes.push(workload.send(client, i).await);
             }
         }
     });

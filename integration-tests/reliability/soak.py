@@ -35,7 +35,12 @@ RSS_GROWTH_MAX = 0.05
 PREFILL_TOL = 1e-4
 # (kind, weight): how often each kind comes up in a worker's rotation.
 MIX = [("generate", 3), ("stream", 3), ("vertex", 2), ("chat", 2), ("prompt_logprobs", 1),
-       ("drop", 1)]
+       ("shared_prefix", 2), ("drop", 1)]
+# A context every "shared_prefix" request starts with: several of the prefix cache's
+# 16-token blocks, found cached again and again, with its prompt logprobs checked each time.
+CONTEXT = ("Question: which of these sentences is true? Read the context first. The river "
+           "that runs through the old town is crossed by three bridges, the oldest of which "
+           "was built of stone two hundred years ago. Answer: ")
 PROMPTS = ["The capital of France is", "Water boils at", "My favourite fruit is the",
            "In the morning I like to"]
 NEW_TOKENS = 16
@@ -53,6 +58,8 @@ def _bodies(prompt):
         "chat": ("/v1/chat/completions", {"model": MODEL_ID, "max_tokens": NEW_TOKENS, "temperature": 0,
                                            "messages": [{"role": "user", "content": prompt}]}),
         "prompt_logprobs": ("/generate", {"inputs": prompt, "parameters": {
+            "max_new_tokens": 0, "decoder_input_details": True}}),
+        "shared_prefix": ("/generate", {"inputs": CONTEXT + prompt, "parameters": {
             "max_new_tokens": 0, "decoder_input_details": True}}),
         "drop": ("/generate_stream", harness.gen_body(prompt, 200)),
     }
@@ -141,7 +148,7 @@ class Soak:
 
     def pids(self):
         return {"launcher": self.lz.proc.pid, "router": _pid("router", self.lz),
-                "shard": harness.shard_pid(self.lz)}
+                "shard": self.lz.shard_pid()}
 
     def sample(self, t0, pids):
         row = {"t_s": round(time.monotonic() - t0, 1)}

@@ -16,8 +16,12 @@ MAX_CONCURRENT = 128
 CLIENTS = 256
 NEW_TOKENS = 4
 # A few distinct prompts, so the batch mixes lengths and each answer can be checked
-# against its prompt's generation alone.
-PROMPTS = [f"Report {i}: the weather in town today is" for i in range(4)] + \
+# against its prompt's generation alone. Half share a long context (several of the prefix
+# cache's 16-token blocks), so the burst also runs through the cache's hits and its second
+# wave for requests of one batch that share a prefix.
+CONTEXT = ("Town bulletin. The council met on Tuesday to discuss the new library, the repairs "
+           "to the bridge over the river, and the summer market, which opens next month. ")
+PROMPTS = [f"{CONTEXT}Report {i}: the weather in town today is" for i in range(4)] + \
     [f"List {i} of things to pack for a trip: a map," for i in range(4)]
 CLIENT_TIMEOUT_S = 120
 # What the issue asks: a refusal must come at once, not after queueing.
