@@ -132,10 +132,9 @@ impl Engine {
             prompts.push(req.input_ids);
         }
         self.reserved += seqs.iter().map(Sequence::reservation).sum::<usize>();
-        let started = Instant::now();
-        let result = self.prefill_waves(&mut seqs, &prompts, first_wave);
-        let forward_ns = started.elapsed().as_nanos() as u64;
-        self.finish_step(batch.id, seqs, result, forward_ns)
+        self.run_step(batch.id, seqs, |engine, seqs| {
+            engine.prefill_waves(seqs, &prompts, first_wave)
+        })
     }
 
     /// Orders a batch's requests first wave first; returns them and the first wave's size.
@@ -189,10 +188,7 @@ impl Engine {
         for id in batch_ids {
             seqs.extend(self.batches.remove(id).unwrap_or_default());
         }
-        let started = Instant::now();
-        let result = self.decode_step(&mut seqs);
-        let forward_ns = started.elapsed().as_nanos() as u64;
-        self.finish_step(first, seqs, result, forward_ns)
+        self.run_step(first, seqs, Self::decode_step)
     }
 
     /// Keeps only `keep` of a held batch; the others' caches are freed.
@@ -320,15 +316,17 @@ impl Engine {
         Ok(valid)
     }
 
-    /// Keeps the unfinished sequences under `batch_id`; on error drops them all, since a
-    /// failed step leaves their caches half written.
-    fn finish_step(
+    /// Runs `forward` on `seqs`, timed; keeps the unfinished sequences under `batch_id`,
+    /// or on error drops them all, since a failed step leaves their caches half written.
+    fn run_step(
         &mut self,
         batch_id: u64,
-        seqs: Vec<Sequence>,
-        result: Result<Vec<Generation>, EngineError>,
-        forward_ns: u64,
+        mut seqs: Vec<Sequence>,
+        forward: impl FnOnce(&mut Self, &mut [Sequence]) -> Result<Vec<Generation>, EngineError>,
     ) -> Result<StepOutput, EngineError> {
+        let started = Instant::now();
+        let result = forward(self, &mut seqs);
+        let forward_ns = started.elapsed().as_nanos() as u64;
         let generations = match result {
             Ok(g) => g,
             Err(e) => {

@@ -5,7 +5,7 @@ use super::types::{TokenScore, TopToken};
 use crate::error::EngineError;
 use sonde_proto::LogprobsMode;
 
-use crate::sampling::{score_token, ScoreOptions, Scratch, TokenScores};
+use crate::sampling::{score_token, Logits, ScoreOptions, Scratch, TokenScores};
 
 /// Reusable buffers for one step's rows; owned by the engine thread.
 pub struct Scorer {
@@ -33,14 +33,12 @@ impl Scorer {
             .map_err(|e| EngineError::Scoring(e.to_string()))?;
         let token = choice.token;
         let opts = options(&seq.scores, seq.scores.mode);
-        let scores = score_token(
-            row,
-            token,
-            &opts,
-            choice.processed_logprobs,
-            &mut self.score,
-        )
-        .map_err(|e| EngineError::Scoring(e.to_string()))?;
+        let logits = Logits {
+            raw: row,
+            processed: choice.processed_logprobs,
+        };
+        let scores = score_token(logits, token, &opts, &mut self.score)
+            .map_err(|e| EngineError::Scoring(e.to_string()))?;
         seq.sampler.push(token);
         Ok(token_score(token, scores))
     }
@@ -54,7 +52,7 @@ impl Scorer {
         token: u32,
     ) -> Result<TokenScore, EngineError> {
         let opts = options(spec, LogprobsMode::Raw);
-        let scores = score_token(row, token, &opts, None, &mut self.score)
+        let scores = score_token(Logits::raw(row), token, &opts, &mut self.score)
             .map_err(|e| EngineError::Scoring(e.to_string()))?;
         Ok(token_score(token, scores))
     }

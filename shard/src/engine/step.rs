@@ -1,6 +1,8 @@
 //! The body of a step: packing the batch, running the model, and turning rows of logits
 //! into tokens and scores.
 
+use std::ops::Range;
+
 use candle_core::{Tensor, D};
 
 use super::prefix::{BlockRows, LoadedPrefix, BLOCK_TOKENS};
@@ -98,7 +100,7 @@ impl Engine {
             self.prefix.store(prompt, room, |start| {
                 Some(BlockRows {
                     kv: seq.cache.copy_rows(start, BLOCK_TOKENS)?,
-                    hidden: rows.host_rows(i, &step, start, BLOCK_TOKENS)?,
+                    hidden: rows.host_rows(i, &step, start..start + BLOCK_TOKENS)?,
                 })
             });
         }
@@ -209,14 +211,14 @@ impl PromptRows<'_> {
         Ok(Tensor::cat(&[&loaded, &computed], 0)?)
     }
 
-    /// Positions `start..start + len` of prompt `i` from the host copy `step` of the
-    /// step's rows; None if the prompt has no such positions.
-    fn host_rows(&self, i: usize, step: &[f32], start: usize, len: usize) -> Option<Vec<f32>> {
+    /// Positions `positions` of prompt `i` from the host copy `step` of the step's rows;
+    /// None if the prompt has no such positions.
+    fn host_rows(&self, i: usize, step: &[f32], positions: Range<usize>) -> Option<Vec<f32>> {
         let h = self.hidden_size;
         let cached = self.loaded.get(i)?;
         let span = self.spans.get(i)?;
-        let mut out = Vec::with_capacity(len * h);
-        for pos in start..start + len {
+        let mut out = Vec::with_capacity(positions.len() * h);
+        for pos in positions {
             let row = match pos.checked_sub(cached.tokens) {
                 None => cached.hidden.get(pos * h..(pos + 1) * h)?,
                 Some(t) if t < span.len => {

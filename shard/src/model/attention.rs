@@ -45,16 +45,24 @@ pub struct StepQkv<'a> {
     pub v: &'a [f32],
 }
 
-/// Appends the step's keys and values to each sequence's cache of `layer` (the model
+/// One layer of a step, as both attention kernels see it: the sequences' rows
+/// (`spans[i]` of the packed rows is sequence `i`'s), their caches (`caches[i]` is
+/// sequence `i`'s) and the layer's index in them.
+pub struct AttnStep<'s, 'c> {
+    pub spans: &'s [SeqSpan],
+    pub caches: &'s mut [&'c mut SeqCache],
+    pub layer: usize,
+}
+
+/// Appends the step's keys and values to each sequence's cache of the layer (the model
 /// checked that they fit), then returns the attention output
 /// `[tokens, num_heads * head_dim]`.
-pub fn host_attention(
-    params: AttnParams,
-    spans: &[SeqSpan],
-    qkv: &StepQkv,
-    caches: &mut [&mut SeqCache],
-    layer: usize,
-) -> Result<Vec<f32>> {
+pub fn host_attention(params: AttnParams, qkv: &StepQkv, step: AttnStep) -> Result<Vec<f32>> {
+    let AttnStep {
+        spans,
+        caches,
+        layer,
+    } = step;
     let HeadShape {
         num_heads,
         num_kv_heads,
@@ -91,15 +99,16 @@ pub fn host_attention(
         let span = spans[s];
         let (k, v, past, capacity) = layers[s];
         let g = h / n_rep;
-        let keys = &k[g * capacity * d..];
-        let values = &v[g * capacity * d..];
+        let kv = HeadKv {
+            keys: &k[g * capacity * d..],
+            values: &v[g * capacity * d..],
+            past,
+        };
         head_attention(
             &params,
             span,
-            past,
             |t| &qkv.q[((span.start + t) * num_heads + h) * d..][..d],
-            keys,
-            values,
+            kv,
         )
     };
     let work: usize = spans
@@ -126,17 +135,25 @@ pub fn host_attention(
     Ok(out)
 }
 
+/// One KV head of one sequence's cache: `past` positions before the step's, then the
+/// step's, `head_dim` values each.
+#[derive(Clone, Copy)]
+struct HeadKv<'a> {
+    keys: &'a [f32],
+    values: &'a [f32],
+    past: usize,
+}
+
 /// One head of one sequence: for each new row t (position p = past + t), softmax over
 /// the scaled (and capped) scores of the keys it sees, then the weighted sum of their
 /// values.
 fn head_attention<'q>(
     params: &AttnParams,
     span: SeqSpan,
-    past: usize,
     query: impl Fn(usize) -> &'q [f32],
-    keys: &[f32],
-    values: &[f32],
+    kv: HeadKv,
 ) -> Vec<f32> {
+    let HeadKv { keys, values, past } = kv;
     let d = params.shape.head_dim;
     let mut out = vec![0f32; span.len * d];
     let mut scores = Vec::with_capacity(past + span.len);

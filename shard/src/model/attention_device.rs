@@ -5,21 +5,26 @@
 
 use candle_core::{Result, Tensor};
 
-use super::attention::AttnParams;
+use super::attention::{AttnParams, AttnStep};
 use super::decoder::SeqSpan;
-use super::kv_cache::SeqCache;
 
-/// `q`: `[tokens, heads, d]`, `k`, `v`: `[tokens, kv_heads, d]` (rotary applied) →
-/// `[tokens, heads * d]`; appends the step's keys and values to each cache of `layer`.
-pub fn device_attention(
-    params: AttnParams,
-    spans: &[SeqSpan],
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    caches: &[&mut SeqCache],
-    layer: usize,
-) -> Result<Tensor> {
+/// The step's rows on the device: `q` is `[tokens, heads, d]`, `k` and `v` are
+/// `[tokens, kv_heads, d]` (rotary applied).
+pub struct DeviceQkv<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+}
+
+/// The step's attention output `[tokens, heads * d]`; appends its keys and values to each
+/// sequence's cache of the layer.
+pub fn device_attention(params: AttnParams, qkv: &DeviceQkv, step: AttnStep) -> Result<Tensor> {
+    let DeviceQkv { q, k, v } = *qkv;
+    let AttnStep {
+        spans,
+        caches,
+        layer,
+    } = step;
     let shape = params.shape;
     let n_rep = shape.num_heads / shape.num_kv_heads;
     let mut outs = Vec::with_capacity(spans.len());
@@ -37,7 +42,7 @@ pub fn device_attention(
         if let Some(cap) = params.softcap {
             scores = ((scores / f64::from(cap))?.tanh()? * f64::from(cap))?;
         }
-        if let Some(mask) = mask(params, n_rep, len, past, q.device())? {
+        if let Some(mask) = mask(params, len, past, q.device())? {
             scores = scores.broadcast_add(&mask)?;
         }
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
@@ -56,11 +61,11 @@ pub fn device_attention(
 /// every query sees every key.
 fn mask(
     params: AttnParams,
-    n_rep: usize,
     len: usize,
     past: usize,
     device: &candle_core::Device,
 ) -> Result<Option<Tensor>> {
+    let n_rep = params.shape.num_heads / params.shape.num_kv_heads;
     let total = past + len;
     let window_cuts = params.window.is_some_and(|w| total > w);
     if len <= 1 && !window_cuts {

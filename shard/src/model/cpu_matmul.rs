@@ -63,7 +63,7 @@ mod simd;
 #[cfg(test)]
 mod tests;
 
-use blocks::{Tile, TILE};
+use blocks::{Tile, TileColumns, TILE};
 use formats::Tiles;
 use kernel::{columns, isa, Isa};
 
@@ -198,7 +198,6 @@ impl CpuQuantMatrix {
                 self.k
             );
         }
-        let m: usize = lead.iter().product();
         let mut out_shape = lead.to_vec();
         out_shape.push(self.n);
 
@@ -213,15 +212,16 @@ impl CpuQuantMatrix {
         else {
             candle_core::bail!("CpuQuantMatrix::forward: cannot read the input as f32");
         };
-        let out = self.matmul(x, m, isa(), None);
+        let out = self.matmul(x, isa(), None);
         drop(storage);
         Tensor::from_vec(out, out_shape, &Device::Cpu)
     }
 
-    /// `x`: `m` rows of `k` → `m` rows of `n`, row-major. `cols_per_task` overrides the
+    /// `x`: rows of `k` → as many rows of `n`, row-major. `cols_per_task` overrides the
     /// split (tests use it to show the split changes nothing).
-    fn matmul(&self, x: &[f32], m: usize, isa: Isa, cols_per_task: Option<usize>) -> Vec<f32> {
+    fn matmul(&self, x: &[f32], isa: Isa, cols_per_task: Option<usize>) -> Vec<f32> {
         let n = self.n;
+        let m = x.len() / self.k;
         debug_assert_eq!(x.len(), m * self.k);
         let mut out = vec![0f32; m * n];
         if m == 0 || n == 0 {
@@ -242,7 +242,13 @@ impl CpuQuantMatrix {
                 task.push(piece);
             }
         }
-        self.tiles.run(x, self.k, cols, tasks, isa);
+        let work = Work {
+            x,
+            k: self.k,
+            cols,
+            tasks,
+        };
+        self.tiles.run(work, isa);
         out
     }
 
@@ -265,24 +271,26 @@ fn le_bytes<T, const N: usize>(values: Vec<T>, f: impl Fn(T) -> [u8; N]) -> Vec<
     values.into_iter().flat_map(f).collect()
 }
 
-/// Runs the tasks, in parallel when there is more than one: task `t` computes the
-/// columns `t*cols ..` (a multiple of 16; `tiles.len() / nb` tile columns in all) into
-/// its row pieces.
-fn run_tasks<T: Tile>(
-    tiles: &[T],
-    nb: usize,
-    x: &[f32],
+/// A product split into column tasks: task `t` computes the columns `t*cols ..` (a
+/// multiple of 16) of every row of `x` (`k` inputs each) into its pieces of the output
+/// rows.
+pub(super) struct Work<'a> {
+    x: &'a [f32],
+    k: usize,
     cols: usize,
-    tasks: Vec<Vec<&mut [f32]>>,
-    isa: Isa,
-) {
+    tasks: Vec<Vec<&'a mut [f32]>>,
+}
+
+/// Runs the tasks against the tile columns of `m`, in parallel when there is more than one.
+fn run_tasks<T: Tile>(m: TileColumns<T>, work: Work, isa: Isa) {
+    let (x, cols) = (work.x, work.cols);
     let task = |(t, mut rows): (usize, Vec<&mut [f32]>)| {
         let (g0, gs) = (t * cols / TILE, rows[0].len().div_ceil(TILE));
-        columns(&tiles[g0 * nb..(g0 + gs) * nb], nb, x, &mut rows, isa);
+        columns(TileColumns::all(m.group(g0, gs), m.nb), x, &mut rows, isa);
     };
-    if tasks.len() == 1 {
-        tasks.into_iter().enumerate().for_each(task);
+    if work.tasks.len() == 1 {
+        work.tasks.into_iter().enumerate().for_each(task);
     } else {
-        tasks.into_par_iter().enumerate().for_each(task);
+        work.tasks.into_par_iter().enumerate().for_each(task);
     }
 }

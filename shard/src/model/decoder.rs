@@ -23,8 +23,8 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use super::attention::{host_attention, AttnParams, StepQkv};
-use super::attention_device::device_attention;
+use super::attention::{host_attention, AttnParams, AttnStep, StepQkv};
+use super::attention_device::{device_attention, DeviceQkv};
 use super::kv_cache::{KvLayout, SeqCache};
 use super::layers::{gated, Embedding, Linear, RmsNorm};
 use super::rope::{Rope, RopeTables};
@@ -166,7 +166,12 @@ impl Model {
         let mut xs = self.embedding.forward(input.tokens, &self.device)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.attn_norm.forward(&xs)?;
-            let a = self.attend(i, layer, &h, &tables[layer.rope], input.spans, caches)?;
+            let step = AttnStep {
+                spans: input.spans,
+                caches: &mut *caches,
+                layer: i,
+            };
+            let a = self.attend(&h, &tables[layer.rope], step)?;
             let a = apply_norm(layer.post_attn_norm.as_ref(), a)?;
             xs = (xs + a)?;
             let h = layer.ffn_norm.forward(&xs)?;
@@ -188,16 +193,10 @@ impl Model {
         }
     }
 
-    /// The attention sublayer of layer `i`: projections, q/k norms, rope, attention, o.
-    fn attend(
-        &self,
-        i: usize,
-        layer: &Layer,
-        h: &Tensor,
-        tables: &RopeTables,
-        spans: &[SeqSpan],
-        caches: &mut [&mut SeqCache],
-    ) -> Result<Tensor> {
+    /// The attention sublayer of layer `step.layer`: projections, q/k norms, rope,
+    /// attention, o.
+    fn attend(&self, h: &Tensor, tables: &RopeTables, step: AttnStep) -> Result<Tensor> {
+        let layer = &self.layers[step.layer];
         let n = h.dim(0)?;
         let shape = layer.attn.shape;
         let (q, k, v) = match &layer.qkv {
@@ -229,10 +228,17 @@ impl Model {
                     k: &k,
                     v: &v,
                 };
-                let out = host_attention(layer.attn, spans, &qkv, caches, i)?;
+                let out = host_attention(layer.attn, &qkv, step)?;
                 Tensor::from_vec(out, (n, shape.num_heads * shape.head_dim), &self.device)?
             }
-            AttentionKernel::Candle => device_attention(layer.attn, spans, &q, &k, &v, caches, i)?,
+            AttentionKernel::Candle => {
+                let qkv = DeviceQkv {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                };
+                device_attention(layer.attn, &qkv, step)?
+            }
         };
         layer.o.forward(&out)
     }

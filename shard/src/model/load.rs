@@ -147,7 +147,7 @@ impl Loader<'_> {
     /// error naming a block format it lacks), candle's elsewhere.
     fn kernel(&mut self, t: TensorName, rows: usize, cols: usize) -> Result<Kernel, LoadError> {
         let key = self.key(t, Part::Weight)?;
-        let weight = self.src.matrix(&key, rows, cols, &self.device)?;
+        let weight = self.src.matrix(&key, [rows, cols], &self.device)?;
         if !self.device.is_cpu() {
             return Ok(Kernel::Candle(match weight {
                 Weight::Quantized(q) => QMatMul::from_qtensor(*q)?,
@@ -201,8 +201,8 @@ impl Loader<'_> {
         let emb = self.key(TensorName::TokenEmbd, Part::Weight)?;
         let (vocab, hidden) = (self.spec.vocab_size, self.spec.hidden_size);
         let (Weight::Dense(a), Weight::Dense(b)) = (
-            self.src.matrix(&emb, vocab, hidden, &Device::Cpu)?,
-            self.src.matrix(&out, vocab, hidden, &Device::Cpu)?,
+            self.src.matrix(&emb, [vocab, hidden], &Device::Cpu)?,
+            self.src.matrix(&out, [vocab, hidden], &Device::Cpu)?,
         ) else {
             return Ok(());
         };

@@ -187,14 +187,13 @@ impl WeightSource {
     pub fn matrix(
         &mut self,
         key: &str,
-        rows: usize,
-        cols: usize,
+        [rows, cols]: [usize; 2],
         device: &Device,
     ) -> Result<Weight, LoadError> {
         self.take(key, &[rows, cols])?;
         let weight = match &mut self.kind {
             Kind::Gguf { content, reader } => {
-                let mut t = read_gguf(&self.file, content, reader, key, device)?;
+                let mut t = read_gguf(&self.file, (content, reader), key, device)?;
                 let stored = t.dtype();
                 let requantize = self.policy == WeightQuant::Q8_0
                     && matches!(
@@ -225,7 +224,7 @@ impl WeightSource {
         self.take(key, &[len])?;
         let t = match &mut self.kind {
             Kind::Gguf { content, reader } => {
-                read_gguf(&self.file, content, reader, key, &Device::Cpu)?
+                read_gguf(&self.file, (content, reader), key, &Device::Cpu)?
                     .dequantize(&Device::Cpu)?
             }
             Kind::Safetensors { tensors, .. } => match tensors.get(key) {
@@ -291,10 +290,10 @@ pub fn ggml_type_name(dtype: GgmlDType) -> String {
     }
 }
 
+/// Tensor `key` of the GGUF file `file` (its parsed header and an open reader).
 fn read_gguf(
     file: &str,
-    content: &gguf_file::Content,
-    reader: &mut BufReader<File>,
+    (content, reader): (&gguf_file::Content, &mut BufReader<File>),
     key: &str,
     device: &Device,
 ) -> Result<QTensor, LoadError> {

@@ -18,7 +18,8 @@
 //! Typical use for one sequence and one step:
 //! ```ignore
 //! let choice = sampler.next_token(row, &mut sample_scratch)?;
-//! let scores = score_token(row, choice.token, &opts, choice.processed_logprobs, &mut score_scratch)?;
+//! let logits = Logits { raw: row, processed: choice.processed_logprobs };
+//! let scores = score_token(logits, choice.token, &opts, &mut score_scratch)?;
 //! sampler.push(choice.token);
 //! ```
 
@@ -33,7 +34,7 @@ pub use order::{argmax, best_first, rank, top_n};
 pub use params::{ParamsError, SamplingParams};
 pub use processors::{processed_logprobs, TokenCounts};
 pub use sampler::{Choice, SampleError, Sampler};
-pub use scores::{score_token, ScoreError, ScoreOptions, TokenScores};
+pub use scores::{score_token, Logits, ScoreError, ScoreOptions, TokenScores};
 pub use softmax::{log_softmax_in_place, log_softmax_into};
 
 /// Reusable buffers for work over one logits row, so a decode step does not allocate

@@ -47,9 +47,27 @@ pub enum ScoreError {
     LengthMismatch { vocab: usize, got: usize },
 }
 
+/// One position's raw logits, and the sampler's processed logprobs of it when a processor
+/// was active.
+#[derive(Clone, Copy)]
+pub struct Logits<'a> {
+    pub raw: &'a [f32],
+    pub processed: Option<&'a [f32]>,
+}
+
+impl<'a> Logits<'a> {
+    /// Raw logits alone (prompt positions, or no processor active).
+    pub fn raw(raw: &'a [f32]) -> Self {
+        Self {
+            raw,
+            processed: None,
+        }
+    }
+}
+
 /// Scores `token` against one row of raw logits.
 ///
-/// `processed_logprobs` matters only in [`LogprobsMode::Processed`]; `None` there means no
+/// `logits.processed` matters only in [`LogprobsMode::Processed`]; `None` there means no
 /// processor is active, so the processed distribution is the raw one (exactly what
 /// [`super::Choice::processed_logprobs`] and [`super::processed_logprobs`] return). In raw
 /// mode the log-softmax is computed into `scratch`.
@@ -57,12 +75,15 @@ pub enum ScoreError {
 /// Logit and rank always come from the raw row, whatever the mode: they describe the
 /// model, not the sampler.
 pub fn score_token(
-    raw_logits: &[f32],
+    logits: Logits<'_>,
     token: u32,
     opts: &ScoreOptions<'_>,
-    processed_logprobs: Option<&[f32]>,
     scratch: &mut Scratch,
 ) -> Result<TokenScores, ScoreError> {
+    let Logits {
+        raw: raw_logits,
+        processed: processed_logprobs,
+    } = logits;
     let vocab = raw_logits.len();
     if token as usize >= vocab {
         return Err(ScoreError::TokenOutOfRange { id: token, vocab });
@@ -128,7 +149,7 @@ mod tests {
             mode: LogprobsMode::Raw,
         };
         let mut scratch = Scratch::new();
-        let s = score_token(&raw, 4, &opts, None, &mut scratch).unwrap();
+        let s = score_token(Logits::raw(&raw), 4, &opts, &mut scratch).unwrap();
         assert!(close(s.logprob, want[4]));
         assert_eq!(s.logit, Some(0.5));
         // Three 3.0s and the 1.0 rank above 0.5.
@@ -143,7 +164,7 @@ mod tests {
         assert_eq!(s.labels[0], s.labels[2]);
 
         // Ties: token 5 shares the top logit with 1 and 2 and ranks after them.
-        let s = score_token(&raw, 5, &opts, None, &mut scratch).unwrap();
+        let s = score_token(Logits::raw(&raw), 5, &opts, &mut scratch).unwrap();
         assert_eq!(s.rank, Some(3));
     }
 
@@ -151,7 +172,7 @@ mod tests {
     fn logit_and_rank_only_on_request() {
         let opts = ScoreOptions::default();
         let mut scratch = Scratch::new();
-        let s = score_token(&[0.0, 1.0], 0, &opts, None, &mut scratch).unwrap();
+        let s = score_token(Logits::raw(&[0.0, 1.0]), 0, &opts, &mut scratch).unwrap();
         assert_eq!((s.logit, s.rank), (None, None));
         assert!(s.top.is_empty() && s.labels.is_empty());
     }
@@ -178,7 +199,16 @@ mod tests {
             mode: LogprobsMode::Processed,
         };
         let mut scratch = Scratch::new();
-        let s = score_token(&raw, 3, &opts, Some(processed), &mut scratch).unwrap();
+        let s = score_token(
+            Logits {
+                raw: &raw,
+                processed: Some(processed),
+            },
+            3,
+            &opts,
+            &mut scratch,
+        )
+        .unwrap();
         // Token 3 ties token 2 but top-k kept the smaller id.
         assert_eq!(s.logprob, NEG_INF);
         assert_eq!(s.logit, Some(2.0));
@@ -196,7 +226,16 @@ mod tests {
             mode: LogprobsMode::Raw,
             ..opts
         };
-        let r = score_token(&raw, 3, &raw_opts, Some(processed), &mut scratch).unwrap();
+        let r = score_token(
+            Logits {
+                raw: &raw,
+                processed: Some(processed),
+            },
+            3,
+            &raw_opts,
+            &mut scratch,
+        )
+        .unwrap();
         assert!(close(r.logprob, log_softmax_f64(&raw)[3]));
     }
 
@@ -213,8 +252,8 @@ mod tests {
             ..opts
         };
         let mut scratch = Scratch::new();
-        let a = score_token(&raw, 0, &opts, None, &mut scratch).unwrap();
-        let b = score_token(&raw, 0, &raw_opts, None, &mut scratch).unwrap();
+        let a = score_token(Logits::raw(&raw), 0, &opts, &mut scratch).unwrap();
+        let b = score_token(Logits::raw(&raw), 0, &raw_opts, &mut scratch).unwrap();
         assert_eq!(a, b);
     }
 
@@ -224,7 +263,7 @@ mod tests {
         let mut scratch = Scratch::new();
         let opts = ScoreOptions::default();
         assert_eq!(
-            score_token(&raw, 3, &opts, None, &mut scratch),
+            score_token(Logits::raw(&raw), 3, &opts, &mut scratch),
             Err(ScoreError::TokenOutOfRange { id: 3, vocab: 3 })
         );
         let labels = [0, 7];
@@ -233,7 +272,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            score_token(&raw, 0, &opts, None, &mut scratch),
+            score_token(Logits::raw(&raw), 0, &opts, &mut scratch),
             Err(ScoreError::LabelOutOfRange { id: 7, vocab: 3 })
         );
         let opts = ScoreOptions {
@@ -241,7 +280,15 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            score_token(&raw, 0, &opts, Some(&[0.0]), &mut scratch),
+            score_token(
+                Logits {
+                    raw: &raw,
+                    processed: Some(&[0.0])
+                },
+                0,
+                &opts,
+                &mut scratch
+            ),
             Err(ScoreError::LengthMismatch { vocab: 3, got: 1 })
         );
     }
@@ -256,7 +303,7 @@ mod tests {
         };
         let mut scratch = Scratch::with_vocab(raw.len());
         let best = crate::sampling::argmax(&raw).unwrap();
-        let s = score_token(&raw, best, &opts, None, &mut scratch).unwrap();
+        let s = score_token(Logits::raw(&raw), best, &opts, &mut scratch).unwrap();
         assert_eq!(s.rank, Some(1));
         assert_eq!(s.top.len(), 20);
         assert_eq!(s.top[0], (best, s.logprob));

@@ -9,7 +9,7 @@
 use super::gguf_meta::{BoolsOrCount, GgufMeta};
 use super::hf_config::HfConfig;
 use super::llama::hf_dims;
-use super::{base_spec, gguf_dims, gguf_layout, gguf_rope};
+use super::{base_spec, gguf_dims, gguf_layout, gguf_rope, Dims};
 use crate::error::LoadError;
 use crate::model::spec::{
     Activation, Architecture, HfNaming, LayerSpec, ModelSpec, RopeSpec, RopeStyle,
@@ -32,18 +32,16 @@ fn default_pattern(arch: Architecture) -> usize {
 
 /// Gemma's 27B models scale queries by hidden/heads instead of the head size (llama.cpp
 /// recognises them by their layer count, as no GGUF key carries the scalar).
-fn gguf_attention_scale(
-    arch: Architecture,
-    layers: usize,
-    hidden: usize,
-    heads: usize,
-    head_dim: usize,
-) -> f64 {
+fn gguf_attention_scale(arch: Architecture, d: &Dims) -> f64 {
     let is_27b = matches!(
-        (arch, layers),
+        (arch, d.layers),
         (Architecture::Gemma2, 46) | (Architecture::Gemma3, 62)
     );
-    let scalar = if is_27b { hidden / heads } else { head_dim };
+    let scalar = if is_27b {
+        d.hidden / d.heads
+    } else {
+        d.head_dim
+    };
     1.0 / (scalar as f64).sqrt()
 }
 
@@ -136,7 +134,7 @@ pub(super) fn gguf(arch: Architecture, m: &GgufMeta) -> Result<ModelSpec, LoadEr
         None => every_nth_global(default_pattern(arch), d.layers),
     };
     let mut spec = base_spec(arch, &d, eps, global);
-    spec.attention_scale = gguf_attention_scale(arch, d.layers, d.hidden, d.heads, d.head_dim);
+    spec.attention_scale = gguf_attention_scale(arch, &d);
     let final_cap = m.opt_f64("final_logit_softcapping")?;
     match arch {
         Architecture::Gemma2 => {

@@ -58,9 +58,16 @@ pub(super) trait Tile: Copy + Send + Sync {
     /// Part `p`'s scales, for [`Tile::pair`]. (`#[inline(always)]` in every impl: see
     /// `simd`, "Inlining".)
     fn scales<S: Simd>(&self, s: S, p: usize) -> Self::Scales<S>;
-    /// The weights of pair `j < PAIRS` of part `p`: inputs `first_input(p) + j` and
-    /// `SPAN` further on, lane `c` = column `c`.
-    fn pair<S: Simd>(&self, s: S, scales: &Self::Scales<S>, p: usize, j: usize) -> [S::V; 2];
+    /// The weights of pair `at.pair < PAIRS` of part `at.part`: inputs
+    /// `first_input(part) + pair` and `SPAN` further on, lane `c` = column `c`.
+    fn pair<S: Simd>(&self, s: S, scales: &Self::Scales<S>, at: At) -> [S::V; 2];
+}
+
+/// Which pair of a tile: pair `pair` of part `part`.
+#[derive(Clone, Copy)]
+pub(super) struct At {
+    pub part: usize,
+    pub pair: usize,
 }
 
 /// The first input of part `p`'s first pair: the parts fill the groups of `2 SPAN`
@@ -115,21 +122,59 @@ pub(super) fn tiles<T: Tile>(data: &[u8], n: usize, nb: usize) -> Option<Vec<T>>
     Some(out)
 }
 
-/// Weight row `i` (matrix column `i`: `k = nb * INPUTS` weights) dequantized from the
-/// tiles into `out`, by the kernel's own operations.
+/// A matrix's tiles from tile column `from` on: tile column `g` (matrix columns `16 g ..`)
+/// holds its `nb` tiles at `tiles[g * nb ..]`, as [`tiles`] lays them out.
+#[derive(Clone, Copy)]
+pub(super) struct TileColumns<'a, T> {
+    pub tiles: &'a [T],
+    /// Tiles per tile column: `k / T::INPUTS`.
+    pub nb: usize,
+    /// The first tile column meant.
+    pub from: usize,
+}
+
+impl<'a, T: Tile> TileColumns<'a, T> {
+    /// All of `tiles`' columns.
+    pub fn all(tiles: &'a [T], nb: usize) -> Self {
+        Self { tiles, nb, from: 0 }
+    }
+
+    /// Inputs per row.
+    #[inline(always)]
+    pub fn k(self) -> usize {
+        self.nb * T::INPUTS
+    }
+
+    /// Tile columns in the matrix (those before `from` included).
+    #[inline(always)]
+    pub fn groups(self) -> usize {
+        self.tiles.len() / self.nb
+    }
+
+    /// The same tiles from tile column `g` on.
+    #[inline(always)]
+    pub fn from(self, g: usize) -> Self {
+        Self { from: g, ..self }
+    }
+
+    /// The tiles of tile columns `g .. g + count`, column after column.
+    #[inline(always)]
+    pub fn group(self, g: usize, count: usize) -> &'a [T] {
+        &self.tiles[g * self.nb..(g + count) * self.nb]
+    }
+}
+
+/// Lane `c` of one tile column (`column`: its tiles, `k = column.len() * INPUTS` weights)
+/// dequantized into `out`, by the kernel's own operations: a weight row.
 #[inline(always)]
-pub(super) fn row<S: Simd, T: Tile>(s: S, tiles: &[T], nb: usize, i: usize, out: &mut [f32]) {
-    let (g, c) = (i / TILE, i % TILE);
+pub(super) fn row<S: Simd, T: Tile>(s: S, column: &[T], c: usize, out: &mut [f32]) {
     let mut lanes = [0f32; LANES];
-    for (t, out) in tiles[g * nb..(g + 1) * nb]
-        .iter()
-        .zip(out.chunks_exact_mut(T::INPUTS))
-    {
+    for (t, out) in column.iter().zip(out.chunks_exact_mut(T::INPUTS)) {
         for p in 0..T::PARTS {
             let scales = t.scales(s, p);
             let first = first_input::<T>(p);
             for j in 0..T::PAIRS {
-                let [lo, hi] = t.pair(s, &scales, p, j);
+                let [lo, hi] = t.pair(s, &scales, At { part: p, pair: j });
                 s.store(lo, &mut lanes);
                 out[first + j] = lanes[c];
                 s.store(hi, &mut lanes);

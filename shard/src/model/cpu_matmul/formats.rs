@@ -3,9 +3,11 @@
 
 use candle_core::quantized::GgmlDType;
 
-use super::blocks::{tiles, Bf16, Tile, F16, F32, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::blocks::{
+    tiles, Bf16, Tile, TileColumns, F16, F32, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, TILE,
+};
 use super::kernel::{self, Isa};
-use super::run_tasks;
+use super::{run_tasks, Work};
 
 /// A matrix's tiles, one variant per format.
 #[derive(Clone)]
@@ -139,21 +141,16 @@ impl Tiles {
         }
     }
 
-    /// Runs the column tasks of a product with rows of `k` inputs (see
-    /// [`run_tasks`]).
-    pub(super) fn run(
-        &self,
-        x: &[f32],
-        k: usize,
-        cols: usize,
-        tasks: Vec<Vec<&mut [f32]>>,
-        isa: Isa,
-    ) {
-        each!(self, t: T => run_tasks(t, k / T::INPUTS, x, cols, tasks, isa))
+    /// Runs the column tasks of a product (see [`run_tasks`]).
+    pub(super) fn run(&self, work: Work, isa: Isa) {
+        each!(self, t: T => run_tasks(TileColumns::all(t, work.k / T::INPUTS), work, isa))
     }
 
     /// Weight row `i` into `out` (`k` values), with the kernel variant `isa`.
     pub(super) fn row(&self, i: usize, out: &mut [f32], isa: Isa) {
-        each!(self, t: T => kernel::row(t, out.len() / T::INPUTS, i, out, isa))
+        each!(self, t: T => {
+            let m = TileColumns::all(t, out.len() / T::INPUTS);
+            kernel::row(m.group(i / TILE, 1), i % TILE, out, isa)
+        })
     }
 }

@@ -2,7 +2,7 @@
 
 use std::sync::OnceLock;
 
-use super::blocks::{self, first_input, Tile, TILE};
+use super::blocks::{self, first_input, At, Tile, TileColumns, TILE};
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Avx2, Avx512};
 use super::simd::{Portable, Simd};
@@ -52,37 +52,25 @@ pub(super) fn isa() -> Isa {
     })
 }
 
-/// The tile columns `tiles.len() / nb` (`nb` tiles each) for the rows `x` (`nb *
-/// T::INPUTS` f32 each) into `out`: one piece per row, one sum per column (the last tile may cover
-/// fewer columns than 16), with the kernel for `isa`.
-pub(super) fn columns<T: Tile>(
-    tiles: &[T],
-    nb: usize,
-    x: &[f32],
-    out: &mut [&mut [f32]],
-    isa: Isa,
-) {
+/// The tile columns of `m` for the rows `x` (`m.k()` f32 each) into `out`: one piece per
+/// row, one sum per column (the last tile may cover fewer columns than 16), with the
+/// kernel for `isa`.
+pub(super) fn columns<T: Tile>(m: TileColumns<T>, x: &[f32], out: &mut [&mut [f32]], isa: Isa) {
     match isa {
-        Isa::Portable => columns_portable(Portable, tiles, nb, x, out),
+        Isa::Portable => columns_portable(Portable, m, x, out),
         // SAFETY: the token `t` exists only if the CPU has the features these
         // functions enable (see `simd`).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2(t) => unsafe { columns_avx2(t, tiles, nb, x, out) },
+        Isa::Avx2(t) => unsafe { columns_avx2(t, m, x, out) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512(t) => unsafe { columns_avx512(t, tiles, nb, x, out) },
+        Isa::Avx512(t) => unsafe { columns_avx512(t, m, x, out) },
     }
 }
 
 /// The portable kernel (no `#[target_feature]`: it needs none).
-fn columns_portable<T: Tile>(
-    t: Portable,
-    tiles: &[T],
-    nb: usize,
-    x: &[f32],
-    out: &mut [&mut [f32]],
-) {
-    sweep::<_, T, 4, 1, 2>(t, tiles, nb, x, out)
+fn columns_portable<T: Tile>(t: Portable, m: TileColumns<T>, x: &[f32], out: &mut [&mut [f32]]) {
+    sweep::<_, T, 4, 1, 2>(t, m, x, out)
 }
 
 // The entry functions below (and `row`'s) are the kernel's only `#[target_feature]`
@@ -91,51 +79,51 @@ fn columns_portable<T: Tile>(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn columns_avx2<T: Tile>(t: Avx2, tiles: &[T], nb: usize, x: &[f32], out: &mut [&mut [f32]]) {
+fn columns_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: &[f32], out: &mut [&mut [f32]]) {
     // A vector is 2 ymm: 2 rows x 2 tiles = 8 accumulators, as many FMA chains as two
     // FMA ports with 4-cycle latency need, leaving registers for the weights; one row
     // gets 4 tiles for the same 8 chains.
-    sweep::<_, T, 2, 2, 4>(t, tiles, nb, x, out)
+    sweep::<_, T, 2, 2, 4>(t, m, x, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn columns_avx512<T: Tile>(t: Avx512, tiles: &[T], nb: usize, x: &[f32], out: &mut [&mut [f32]]) {
+fn columns_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: &[f32], out: &mut [&mut [f32]]) {
     // 8 rows x 2 tiles = 16 accumulators of the 32 registers: each dequantized weight
     // vector feeds 8 FMAs. One row: 8 tiles, 8 independent chains.
-    sweep::<_, T, 8, 2, 8>(t, tiles, nb, x, out)
+    sweep::<_, T, 8, 2, 8>(t, m, x, out)
 }
 
-/// Weight row `i` of the tiles (`nb` per tile column) into `out`, with the kernel
-/// variant `isa` (see `blocks::row`).
-pub(super) fn row<T: Tile>(tiles: &[T], nb: usize, i: usize, out: &mut [f32], isa: Isa) {
+/// Lane `c` of the tile column `column` (its tiles) into `out`, with the kernel variant
+/// `isa` (see `blocks::row`).
+pub(super) fn row<T: Tile>(column: &[T], c: usize, out: &mut [f32], isa: Isa) {
     match isa {
-        Isa::Portable => blocks::row(Portable, tiles, nb, i, out),
+        Isa::Portable => blocks::row(Portable, column, c, out),
         // SAFETY: as in `columns`.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2(t) => unsafe { row_avx2(t, tiles, nb, i, out) },
+        Isa::Avx2(t) => unsafe { row_avx2(t, column, c, out) },
         // SAFETY: as in `columns`.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512(t) => unsafe { row_avx512(t, tiles, nb, i, out) },
+        Isa::Avx512(t) => unsafe { row_avx512(t, column, c, out) },
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn row_avx2<T: Tile>(t: Avx2, tiles: &[T], nb: usize, i: usize, out: &mut [f32]) {
-    blocks::row(t, tiles, nb, i, out)
+fn row_avx2<T: Tile>(t: Avx2, column: &[T], c: usize, out: &mut [f32]) {
+    blocks::row(t, column, c, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn row_avx512<T: Tile>(t: Avx512, tiles: &[T], nb: usize, i: usize, out: &mut [f32]) {
-    blocks::row(t, tiles, nb, i, out)
+fn row_avx512<T: Tile>(t: Avx512, column: &[T], c: usize, out: &mut [f32]) {
+    blocks::row(t, column, c, out)
 }
 
-/// All rows of `out` against all tiles: rows `R` at a time against `C` tiles at a time,
-/// the rows left over one by one against `C1` tiles at a time (then fewer, for the tiles
-/// left over). Every output is the same chain of multiply-adds whichever path computes
-/// it (see [`dot`]); the paths differ in speed only.
+/// All rows of `out` against all tile columns of `m`: rows `R` at a time against `C`
+/// tiles at a time, the rows left over one by one against `C1` tiles at a time (then
+/// fewer, for the tiles left over). Every output is the same chain of multiply-adds
+/// whichever path computes it (see [`dot`]); the paths differ in speed only.
 ///
 /// The rows go in pieces of about [`PIECE_BYTES`]; each piece is swept over every group
 /// of tiles in turn, so a group's weights are read from memory once per piece and then
@@ -143,51 +131,48 @@ fn row_avx512<T: Tile>(t: Avx512, tiles: &[T], nb: usize, i: usize, out: &mut [f
 #[inline(always)]
 fn sweep<S: Simd, T: Tile, const R: usize, const C: usize, const C1: usize>(
     s: S,
-    tiles: &[T],
-    nb: usize,
+    m: TileColumns<T>,
     x: &[f32],
     out: &mut [&mut [f32]],
 ) {
-    let k = nb * T::INPUTS;
+    let k = m.k();
     let rows_per_piece = (PIECE_BYTES / (4 * k)).max(R) / R * R;
     for (p, out) in out.chunks_mut(rows_per_piece).enumerate() {
         let x = &x[p * rows_per_piece * k..];
         let together = out.len() / R * R;
         let (batched, single) = out.split_at_mut(together);
-        let g = span::<S, T, R, C>(s, tiles, nb, x, batched, 0);
-        span::<S, T, R, 1>(s, tiles, nb, x, batched, g);
+        let g = span::<S, T, R, C>(s, m, x, batched);
+        span::<S, T, R, 1>(s, m.from(g), x, batched);
         let x = &x[together * k..];
-        let g = span::<S, T, 1, C1>(s, tiles, nb, x, single, 0);
-        let g = span::<S, T, 1, 4>(s, tiles, nb, x, single, g);
-        let g = span::<S, T, 1, 2>(s, tiles, nb, x, single, g);
-        span::<S, T, 1, 1>(s, tiles, nb, x, single, g);
+        let g = span::<S, T, 1, C1>(s, m, x, single);
+        let g = span::<S, T, 1, 4>(s, m.from(g), x, single);
+        let g = span::<S, T, 1, 2>(s, m.from(g), x, single);
+        span::<S, T, 1, 1>(s, m.from(g), x, single);
     }
 }
 
-/// The tile columns from `g0` on, `C` at a time while `C` are left, for the rows of
-/// `out` (`R` at a time; their count is a multiple of `R`); returns the first tile
+/// The tile columns of `m` (from `m.from` on), `C` at a time while `C` are left, for the
+/// rows of `out` (`R` at a time; their count is a multiple of `R`); returns the first tile
 /// column not done.
 #[inline(always)]
 fn span<S: Simd, T: Tile, const R: usize, const C: usize>(
     s: S,
-    tiles: &[T],
-    nb: usize,
+    m: TileColumns<T>,
     x: &[f32],
     out: &mut [&mut [f32]],
-    g0: usize,
 ) -> usize {
-    let k = nb * T::INPUTS;
-    let groups = tiles.len() / nb;
-    let mut g = g0;
+    let k = m.k();
+    let groups = m.groups();
+    let mut g = m.from;
     while g + C <= groups {
-        let group = &tiles[g * nb..(g + C) * nb];
+        let group = m.group(g, C);
         for (i, out) in out.chunks_exact_mut(R).enumerate() {
             let mut rows: [&[Half]; R] = [&[]; R];
             for (r, row) in rows.iter_mut().enumerate() {
                 let at = (i * R + r) * k;
                 *row = x[at..at + k].as_chunks::<LANES>().0;
             }
-            let acc = dot::<S, T, R, C>(s, group, nb, &rows);
+            let acc = dot::<S, T, R, C>(s, group, m.nb, &rows);
             for (row, acc) in out.iter_mut().zip(&acc) {
                 for (c, v) in acc.iter().enumerate() {
                     store(s, *v, row, (g + c) * TILE);
@@ -244,7 +229,7 @@ fn dot<S: Simd, T: Tile, const R: usize, const C: usize>(
                 for t in 0..LANES {
                     let j = q * LANES + t;
                     for (c, tile) in tb.iter().enumerate() {
-                        let [wl, wh] = tile.pair(s, &scales[c], p, j);
+                        let [wl, wh] = tile.pair(s, &scales[c], At { part: p, pair: j });
                         for (a, (l, h)) in acc.iter_mut().zip(xl.iter().zip(&xh)) {
                             a[c] = s.mul_add(s.splat(l[t]), wl, a[c]);
                             a[c] = s.mul_add(s.splat(h[t]), wh, a[c]);

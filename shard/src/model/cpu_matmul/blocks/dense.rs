@@ -11,7 +11,7 @@
 
 use super::super::simd::Simd;
 use super::super::{Half, LANES};
-use super::Tile;
+use super::{At, Tile};
 
 /// Dense f32 weights.
 #[derive(Clone, Copy)]
@@ -41,7 +41,8 @@ impl Tile for F32 {
     #[inline(always)]
     fn scales<S: Simd>(&self, _: S, _: usize) {}
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, _: &(), _: usize, j: usize) -> [S::V; 2] {
+    fn pair<S: Simd>(&self, s: S, _: &(), at: At) -> [S::V; 2] {
+        let j = at.pair;
         [s.load(&self.w[j][0]), s.load(&self.w[j][1])]
     }
 }
@@ -89,7 +90,8 @@ impl Tile for F16 {
     #[inline(always)]
     fn scales<S: Simd>(&self, _: S, _: usize) {}
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, _: &(), _: usize, j: usize) -> [S::V; 2] {
+    fn pair<S: Simd>(&self, s: S, _: &(), at: At) -> [S::V; 2] {
+        let j = at.pair;
         [s.f16s(&self.w[j][0]), s.f16s(&self.w[j][1])]
     }
 }
@@ -115,7 +117,8 @@ impl Tile for Bf16 {
     #[inline(always)]
     fn scales<S: Simd>(&self, _: S, _: usize) {}
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, _: &(), _: usize, j: usize) -> [S::V; 2] {
+    fn pair<S: Simd>(&self, s: S, _: &(), at: At) -> [S::V; 2] {
+        let j = at.pair;
         [s.bf16s(&self.w[j][0]), s.bf16s(&self.w[j][1])]
     }
 }

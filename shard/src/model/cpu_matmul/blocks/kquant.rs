@@ -14,7 +14,7 @@
 //! is computed in that same order.
 
 use super::super::simd::{Bytes, Simd};
-use super::{f16_at, set_bit, set_lane_bytes, Scales, Tile, TILE};
+use super::{f16_at, set_bit, set_lane_bytes, At, Scales, Tile, TILE};
 
 /// The 12 packed scale bytes of 16 columns, two bytes a row: `sc[i][c]` is column `c`'s
 /// byte `2 i`, `sc[i][16 + c]` its byte `2 i + 1`.
@@ -54,29 +54,51 @@ fn scale_min<S: Simd>(s: S, sc: &PackedScales, p: usize) -> (S::B, S::B) {
     }
 }
 
-/// Part `p`'s `[d1, -m1, d2, -m2]` (sub-blocks `2 p` and `2 p + 1`).
-#[inline(always)]
-fn kscales<S: Simd>(s: S, d: &Scales, dmin: &Scales, sc: &PackedScales, p: usize) -> [S::V; 4] {
-    let (scale, min) = scale_min(s, sc, p);
-    let [s1, s2] = s.widen_unsigned(scale);
-    let [m1, m2] = s.widen_unsigned(min);
-    let d = s.f16s(d);
-    // `(-dmin) * m` is `-(dmin * m)`, rounded alike (exactly).
-    let minus_dmin = s.mul(s.f16s(dmin), s.splat(-1.0));
-    [
-        s.mul(d, s1),
-        s.mul(minus_dmin, m1),
-        s.mul(d, s2),
-        s.mul(minus_dmin, m2),
-    ]
+/// What Q4_K and Q5_K blocks start with, in the lanes of 16 columns: `{d: f16, dmin: f16,
+/// scales: [u8; 12]}`.
+#[derive(Clone, Copy)]
+struct KScales {
+    d: Scales,
+    dmin: Scales,
+    sc: PackedScales,
+}
+
+impl KScales {
+    const ZERO: Self = KScales {
+        d: [0; TILE],
+        dmin: [0; TILE],
+        sc: [[0; 2 * TILE]; 6],
+    };
+
+    /// Column `c`'s first 16 bytes, `raw`.
+    fn set_column(&mut self, c: usize, raw: &[u8]) {
+        self.d[c] = f16_at(raw, 0);
+        self.dmin[c] = f16_at(raw, 2);
+        set_packed_scales(&mut self.sc, c, &raw[4..16]);
+    }
+
+    /// Part `p`'s `[d1, -m1, d2, -m2]` (sub-blocks `2 p` and `2 p + 1`).
+    #[inline(always)]
+    fn part<S: Simd>(&self, s: S, p: usize) -> [S::V; 4] {
+        let (scale, min) = scale_min(s, &self.sc, p);
+        let [s1, s2] = s.widen_unsigned(scale);
+        let [m1, m2] = s.widen_unsigned(min);
+        let d = s.f16s(&self.d);
+        // `(-dmin) * m` is `-(dmin * m)`, rounded alike (exactly).
+        let minus_dmin = s.mul(s.f16s(&self.dmin), s.splat(-1.0));
+        [
+            s.mul(d, s1),
+            s.mul(minus_dmin, m1),
+            s.mul(d, s2),
+            s.mul(minus_dmin, m2),
+        ]
+    }
 }
 
 /// Q4_K: `{d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128]}` per column.
 #[derive(Clone, Copy)]
 pub(in super::super) struct Q4K {
-    d: Scales,
-    dmin: Scales,
-    sc: PackedScales,
+    head: KScales,
     /// `qs[32 p + l][c]`: column `c`'s byte `32 p + l` (inputs `64 p + l`, `64 p + 32 + l`).
     qs: [[u8; TILE]; 128],
 }
@@ -87,24 +109,21 @@ impl Tile for Q4K {
     const PAIRS: usize = 32;
     const SPAN: usize = 32;
     const ZERO: Self = Q4K {
-        d: [0; TILE],
-        dmin: [0; TILE],
-        sc: [[0; 2 * TILE]; 6],
+        head: KScales::ZERO,
         qs: [[0; TILE]; 128],
     };
     type Scales<S: Simd> = [S::V; 4];
     fn set_column(&mut self, c: usize, raw: &[u8]) {
-        self.d[c] = f16_at(raw, 0);
-        self.dmin[c] = f16_at(raw, 2);
-        set_packed_scales(&mut self.sc, c, &raw[4..16]);
+        self.head.set_column(c, raw);
         set_lane_bytes(&mut self.qs, c, &raw[16..144]);
     }
     #[inline(always)]
     fn scales<S: Simd>(&self, s: S, p: usize) -> [S::V; 4] {
-        kscales(s, &self.d, &self.dmin, &self.sc, p)
+        self.head.part(s, p)
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, sc: &[S::V; 4], p: usize, l: usize) -> [S::V; 2] {
+    fn pair<S: Simd>(&self, s: S, sc: &[S::V; 4], at: At) -> [S::V; 2] {
+        let (p, l) = (at.part, at.pair);
         let [d1, m1, d2, m2] = *sc;
         let [lo, hi] = s.widen_unsigned(s.nibble_bytes(&self.qs[32 * p + l]));
         [s.mul_add(lo, d1, m1), s.mul_add(hi, d2, m2)]
@@ -115,9 +134,7 @@ impl Tile for Q4K {
 /// `64 p + l` has its 5th bit in bit `2 p` of `qh[l]`, input `64 p + 32 + l` in bit `2 p + 1`.
 #[derive(Clone, Copy)]
 pub(in super::super) struct Q5K {
-    d: Scales,
-    dmin: Scales,
-    sc: PackedScales,
+    head: KScales,
     /// Bit planes: `qh[p][l]` bit `c` is the 5th bit of column `c`'s input `64 p + l`, bit
     /// `16 + c` that of its input `64 p + 32 + l` (the same 32 bytes per column).
     qh: [[u32; 32]; 4],
@@ -130,17 +147,13 @@ impl Tile for Q5K {
     const PAIRS: usize = 32;
     const SPAN: usize = 32;
     const ZERO: Self = Q5K {
-        d: [0; TILE],
-        dmin: [0; TILE],
-        sc: [[0; 2 * TILE]; 6],
+        head: KScales::ZERO,
         qh: [[0; 32]; 4],
         qs: [[0; TILE]; 128],
     };
     type Scales<S: Simd> = [S::V; 4];
     fn set_column(&mut self, c: usize, raw: &[u8]) {
-        self.d[c] = f16_at(raw, 0);
-        self.dmin[c] = f16_at(raw, 2);
-        set_packed_scales(&mut self.sc, c, &raw[4..16]);
+        self.head.set_column(c, raw);
         for (p, planes) in self.qh.iter_mut().enumerate() {
             for (l, plane) in planes.iter_mut().enumerate() {
                 let h = raw[16 + l];
@@ -152,10 +165,11 @@ impl Tile for Q5K {
     }
     #[inline(always)]
     fn scales<S: Simd>(&self, s: S, p: usize) -> [S::V; 4] {
-        kscales(s, &self.d, &self.dmin, &self.sc, p)
+        self.head.part(s, p)
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, sc: &[S::V; 4], p: usize, l: usize) -> [S::V; 2] {
+    fn pair<S: Simd>(&self, s: S, sc: &[S::V; 4], at: At) -> [S::V; 2] {
+        let (p, l) = (at.part, at.pair);
         let [d1, m1, d2, m2] = *sc;
         let fifth = s.and(s.bits(&self.qh[p][l]), s.splat_bytes(0x10));
         let q = s.or(s.nibble_bytes(&self.qs[32 * p + l]), fifth);
@@ -226,7 +240,8 @@ impl Tile for Q6K {
         [s.mul(d, lo), s.mul(d, hi)]
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, sc: &[S::V; 2], p: usize, t: usize) -> [S::V; 2] {
+    fn pair<S: Simd>(&self, s: S, sc: &[S::V; 2], at: At) -> [S::V; 2] {
+        let (p, t) = (at.part, at.pair);
         let (h, i) = (p / 4, p % 4);
         // Bits `2 i ..` of the re-laid `qh` to bits 4 and 5, beside the nibble.
         let upper = s.bytes(&self.qh[16 * h + t]);

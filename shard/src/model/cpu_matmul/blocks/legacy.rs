@@ -10,7 +10,7 @@
 //! candle gives -0.0 for a negative `d`).
 
 use super::super::simd::{Bytes, Simd};
-use super::{f16_at, set_bit, set_lane_bytes, Scales, Tile, TILE};
+use super::{f16_at, set_bit, set_lane_bytes, At, Scales, Tile, TILE};
 
 /// Q4_0: `{d: f16, qs: [u8; 16]}` per column, `w = (nibble - 8) * d`.
 #[derive(Clone, Copy)]
@@ -39,7 +39,8 @@ impl Tile for Q4_0 {
         [s.f16s(&self.d), s.splat(-8.0)]
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], _: usize, j: usize) -> [S::V; 2] {
+    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], at: At) -> [S::V; 2] {
+        let j = at.pair;
         // `(nibble - 8) * d`, both steps exact.
         let [d, minus8] = *scales;
         let [lo, hi] = s.nibbles(&self.qs[j]);
@@ -76,7 +77,8 @@ impl Tile for Q4_1 {
         [s.f16s(&self.d), s.f16s(&self.m)]
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], _: usize, j: usize) -> [S::V; 2] {
+    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], at: At) -> [S::V; 2] {
+        let j = at.pair;
         let [d, m] = *scales;
         let [lo, hi] = s.nibbles(&self.qs[j]);
         [s.mul_add(lo, d, m), s.mul_add(hi, d, m)]
@@ -123,7 +125,8 @@ impl Tile for Q5_0 {
         s.f16s(&self.d)
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, d: &S::V, _: usize, j: usize) -> [S::V; 2] {
+    fn pair<S: Simd>(&self, s: S, d: &S::V, at: At) -> [S::V; 2] {
+        let j = at.pair;
         // `q5 - 16` as an i8: the nibble where the 5th bit is set, else the nibble with
         // its upper four bits set (`nibble | 0xF0` is `nibble - 16`). Then `* d`, exact.
         let fifth = s.bits(&self.qh[j]);
@@ -168,7 +171,8 @@ impl Tile for Q5_1 {
         [s.f16s(&self.d), s.f16s(&self.m)]
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], _: usize, j: usize) -> [S::V; 2] {
+    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], at: At) -> [S::V; 2] {
+        let j = at.pair;
         let [d, m] = *scales;
         let fifth = s.and(s.bits(&self.qh[j]), s.splat_bytes(0x10));
         let q = s.or(s.nibble_bytes(&self.qs[j]), fifth);
@@ -207,7 +211,8 @@ impl Tile for Q8_0 {
         s.f16s(&self.d)
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, d: &S::V, _: usize, j: usize) -> [S::V; 2] {
+    fn pair<S: Simd>(&self, s: S, d: &S::V, at: At) -> [S::V; 2] {
+        let j = at.pair;
         let [lo, hi] = s.signed_bytes(&self.qs[j]);
         [s.mul(lo, *d), s.mul(hi, *d)]
     }

@@ -48,7 +48,7 @@ fn check_file(file: &str) -> BTreeSet<&'static str> {
         // Two activation rows against the checked columns.
         let m = 2;
         let x = random(&mut rng, m * k);
-        let y = &ours.matmul(&x, m, isa(), None);
+        let y = &ours.matmul(&x, isa(), None);
         let picked: Vec<f32> = (0..m)
             .flat_map(|r| rows.iter().map(move |&j| y[r * n + j]))
             .collect();
