@@ -163,17 +163,7 @@ impl Client {
             "inputs": prompt,
             "parameters": {"max_new_tokens": max_tokens, "do_sample": false, "decoder_input_details": true},
         });
-        let resp = self
-            .http
-            .post(format!("{}/generate", self.base))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        if !resp.status().is_success() {
-            return Err(format!("HTTP {}", resp.status()));
-        }
-        let value: Value = resp.json().await.map_err(|e| e.to_string())?;
+        let value = self.post_json("/generate", &body).await?;
         let tokens = value["details"]["generated_tokens"].as_u64().unwrap_or(0) as u32;
         Ok(Outcome {
             ttft: Some(started.elapsed()),
@@ -181,30 +171,14 @@ impl Client {
             ..Outcome::default()
         })
     }
-}
 
-impl Client {
     /// One `/v1/score` call: `items` against `query`, two labels each; its outcome counts
     /// the items scored as its tokens.
     pub async fn score(&self, query: &str, items: &[String]) -> Outcome {
         let started = Instant::now();
         let body = json!({"query": query, "items": items, "label_token_ids": [1, 2]});
-        let answer = async {
-            let resp = self
-                .http
-                .post(format!("{}/v1/score", self.base))
-                .json(&body)
-                .send()
-                .await
-                .map_err(|e| e.to_string())?;
-            if !resp.status().is_success() {
-                return Err(format!("HTTP {}", resp.status()));
-            }
-            let value: Value = resp.json().await.map_err(|e| e.to_string())?;
-            Ok(value["scores"].as_array().map_or(0, Vec::len) as u32)
-        };
-        let (error, tokens) = match answer.await {
-            Ok(scored) => (None, scored),
+        let (error, tokens) = match self.post_json("/v1/score", &body).await {
+            Ok(value) => (None, value["scores"].as_array().map_or(0, Vec::len) as u32),
             Err(e) => (Some(e), 0),
         };
         Outcome {
@@ -214,6 +188,21 @@ impl Client {
             tokens,
             ..Outcome::default()
         }
+    }
+
+    /// POSTs `body` to `path` and reads the JSON answer; a non-2xx status is an error.
+    async fn post_json(&self, path: &str, body: &Value) -> Result<Value, String> {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !resp.status().is_success() {
+            return Err(format!("HTTP {}", resp.status()));
+        }
+        resp.json().await.map_err(|e| e.to_string())
     }
 }
 

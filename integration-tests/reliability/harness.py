@@ -9,6 +9,7 @@ the parent's test modules import by that name.
 import json
 import math
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,22 @@ def wait_idle(lz, within_s=15):
             return time.monotonic() - started
         assert time.monotonic() - started < within_s, f"not idle after {within_s} s: {values}"
         time.sleep(0.1)
+
+
+def silent_stream(lz, i, new_tokens):
+    """A /generate_stream whose client never reads: a receive buffer of a few KB, and the
+    largest events a request can ask for (top-5 and 128 label logprobs per token, ~6 KB).
+    The caller closes the socket."""
+    params = {"max_new_tokens": new_tokens, "details": True, "top_n_tokens": 5,
+              "logprob_token_ids": list(range(128))}
+    body = json.dumps({"inputs": f"Chapter {i}. Once upon a time", "parameters": params}).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    s.settimeout(30)
+    s.connect(("127.0.0.1", lz.port))
+    s.sendall(b"POST /generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return s
 
 
 def gen_body(prompt, new_tokens, **params):

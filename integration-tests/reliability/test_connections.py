@@ -153,26 +153,15 @@ def test_an_idle_keep_alive_connection_is_closed_after_serving(lz):
     assert IDLE_TIMEOUT_S - 0.5 <= took < IDLE_TIMEOUT_S + 5, took
 
 
-def _silent_stream(lz, i):
-    """A stream whose client never reads: ~6 KB of events per token (top-5 and 128 label
-    logprobs), 1,500 tokens, far more than the socket buffers hold (~4 MB on loopback)."""
-    params = {"max_new_tokens": 1500, "details": True, "top_n_tokens": 5,
-              "logprob_token_ids": list(range(128))}
-    body = json.dumps({"inputs": f"Chapter {i}. Once upon a time", "parameters": params}).encode()
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
-    s.settimeout(30)
-    s.connect(("127.0.0.1", lz.port))
-    s.sendall(b"POST /generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    return s
+# Far more than the socket buffers hold (~4 MB on loopback): ~6 KB of events per token.
+SILENT_TOKENS = 1500
 
 
 def test_streams_nobody_reads_are_dropped_and_free_their_slots(lz):
     """Every slot held by a client that reads nothing and never closes: before the write
     timeout, every new request got 429 for as long as those clients stayed."""
     writes_before = lz.metrics().get('sonde_http_timeouts_total{kind="write"}', 0)
-    socks = [_silent_stream(lz, i) for i in range(MAX_CONCURRENT)]
+    socks = [harness.silent_stream(lz, i, SILENT_TOKENS) for i in range(MAX_CONCURRENT)]
     try:
         lz.wait_gauge("sonde_batch_current_size", MAX_CONCURRENT)
         started = time.monotonic()

@@ -6,7 +6,6 @@ mid-stream are covered by test_launcher.py and test_disconnect.py.)"""
 import json
 import os
 import signal
-import socket
 import threading
 import time
 
@@ -34,23 +33,12 @@ def lz():
     s.stop()
 
 
-def _silent_stream(lz, i):
-    """A /generate_stream whose client never reads: a receive buffer of a few KB, and the
-    largest events a request can ask for (top-5 and 128 label logprobs per token, ~6 KB).
-    On loopback the server's send buffer grows to ~4 MB, so its writes do not block within
-    400 tokens; what this shows is that a client's reading pace never holds up the
-    scheduler or the other clients, and that its slot is freed when it goes away."""
-    params = {"max_new_tokens": 400, "details": True, "top_n_tokens": 5,
-              "logprob_token_ids": list(range(128))}
-    body = json.dumps({"inputs": f"Chapter {i}. Once upon a time", "parameters": params}).encode()
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
-    s.settimeout(30)
-    s.connect(("127.0.0.1", lz.port))
-    s.sendall(f"POST /generate_stream HTTP/1.1\r\nHost: 127.0.0.1:{lz.port}\r\n"
-              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-              + body)
-    return s
+# The silent streams' 400 tokens of ~6 KB events: on loopback the server's send buffer
+# grows to ~4 MB, so their writes do not block (and --http-write-timeout does not drop
+# them); what this shows is that a client's reading pace never holds up the scheduler or
+# the other clients, and that its slot is freed when it goes away. (Streams that do
+# overflow the buffers: test_connections.py.)
+SILENT_TOKENS = 400
 
 
 def _concurrent(lz, bodies):
@@ -73,7 +61,7 @@ def _concurrent(lz, bodies):
 
 def test_clients_that_never_read_do_not_stall_others_and_free_their_slots(lz):
     want = harness.references(lz, PROMPTS, NEW_TOKENS)
-    socks = [_silent_stream(lz, i) for i in range(SLOW_READERS)]
+    socks = [harness.silent_stream(lz, i, SILENT_TOKENS) for i in range(SLOW_READERS)]
     try:
         lz.wait_gauge("sonde_batch_current_size", SLOW_READERS)
         # The slots left over serve other clients, with the right answers, meanwhile.

@@ -11,6 +11,7 @@ use utoipa::ToSchema;
 
 use crate::config::ServerConfig;
 use crate::error::ApiError;
+use crate::http::HttpLimits;
 use crate::infer::Backend;
 use crate::validation::Validator;
 
@@ -65,6 +66,16 @@ pub struct Info {
     pub max_score_items: usize,
     pub max_response_bytes: usize,
     pub payload_limit: usize,
+    #[serde(flatten)]
+    pub http: HttpInfo,
+    pub num_shard: usize,
+    pub router: String,
+    pub version: String,
+}
+
+/// The connection limits in force, in `/info`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HttpInfo {
     /// Open HTTP connections at most (`--max-connections`, within the open-files limit).
     pub max_connections: usize,
     /// Seconds a request's headers may take (`--http-header-timeout`).
@@ -76,9 +87,18 @@ pub struct Info {
     /// Seconds an answer may stay blocked on a client that reads nothing
     /// (`--http-write-timeout`).
     pub http_write_timeout: u64,
-    pub num_shard: usize,
-    pub router: String,
-    pub version: String,
+}
+
+impl From<&HttpLimits> for HttpInfo {
+    fn from(l: &HttpLimits) -> Self {
+        Self {
+            max_connections: l.max_connections,
+            http_header_timeout: l.header_timeout.as_secs(),
+            http_body_timeout: l.body_timeout.as_secs(),
+            http_idle_timeout: l.idle_timeout.as_secs(),
+            http_write_timeout: l.write_timeout.as_secs(),
+        }
+    }
 }
 
 /// The server's health, shared by the handlers and the scheduler (which sees a shard

@@ -441,18 +441,24 @@ async fn a_shard_error_fails_every_request_of_the_step_and_serving_goes_on() {
     assert_eq!(c.tokens, counting(300, 5));
 }
 
-#[tokio::test]
-async fn a_shard_that_is_gone_turns_health_to_503() {
-    let shard = FakeShard::new(10_000);
+/// A serving scheduler whose shard goes away under a request's first decode: what the
+/// request received, the scheduler and its health.
+async fn shard_gone(shard: &FakeShard) -> (Received, Scheduler, HealthCell) {
     let health = HealthCell::new();
     health.set(Health::Ready);
-    let scheduler = spawn(&shard, config(10_000), health.clone());
+    let scheduler = spawn(shard, config(10_000), health.clone());
     shard.fail_decode(1, tonic::Code::Unavailable);
     let got = receive(
         scheduler.schedule(request(100, 4, 5)).unwrap(),
         Received::default(),
     )
     .await;
+    (got, scheduler, health)
+}
+
+#[tokio::test]
+async fn a_shard_that_is_gone_turns_health_to_503() {
+    let (got, _scheduler, health) = shard_gone(&FakeShard::new(10_000)).await;
     assert_eq!(got.tokens, [100]);
     assert!(got.error.is_some());
     assert_eq!(health.get(), Health::ShardFailed);
@@ -461,15 +467,7 @@ async fn a_shard_that_is_gone_turns_health_to_503() {
 #[tokio::test]
 async fn a_shard_back_after_a_failure_is_asked_info_and_warmed_before_health_is_200() {
     let shard = FakeShard::new(10_000);
-    let health = HealthCell::new();
-    health.set(Health::Ready);
-    let scheduler = spawn(&shard, config(10_000), health.clone());
-    shard.fail_decode(1, tonic::Code::Unavailable);
-    let got = receive(
-        scheduler.schedule(request(100, 4, 5)).unwrap(),
-        Received::default(),
-    )
-    .await;
+    let (got, scheduler, health) = shard_gone(&shard).await;
     assert!(got.error.is_some());
     assert_eq!(health.get(), Health::ShardFailed);
     // The idle scheduler probes every second; the shard answers again.
@@ -499,15 +497,7 @@ async fn a_shard_back_after_a_failure_is_asked_info_and_warmed_before_health_is_
 #[tokio::test]
 async fn a_shard_back_with_another_model_fails_the_server_for_good() {
     let shard = FakeShard::new(10_000);
-    let health = HealthCell::new();
-    health.set(Health::Ready);
-    let scheduler = spawn(&shard, config(10_000), health.clone());
-    shard.fail_decode(1, tonic::Code::Unavailable);
-    let _ = receive(
-        scheduler.schedule(request(100, 4, 5)).unwrap(),
-        Received::default(),
-    )
-    .await;
+    let (_, _scheduler, health) = shard_gone(&shard).await;
     shard.serve_model("another");
     let reason = tokio::time::timeout(Duration::from_secs(5), health.failure())
         .await
