@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use super::activity::Activity;
 use super::io::GuardedIo;
 use super::HttpLimits;
+use crate::error::ApiError;
 use crate::metrics as m;
 
 /// The time limits a request's handler enforces itself (the body's), found in the
@@ -102,13 +103,11 @@ fn until_written(response: Response, ended: RequestEnd) -> Response {
 
 /// Answers a connection over `--max-connections` with a 503 and closes it.
 pub async fn refuse(mut stream: TcpStream, max_connections: usize) {
-    let body = serde_json::json!({
-        "error": format!(
-            "the server has its --max-connections ({max_connections}) connections open; retry later"
-        ),
-        "error_type": "overloaded",
-    })
-    .to_string();
+    // The envelope every error has; no router is behind this connection to answer it.
+    let error = ApiError::Overloaded(format!(
+        "the server has its --max-connections ({max_connections}) connections open; retry later"
+    ));
+    let body = serde_json::to_string(&error.body()).unwrap_or_default();
     let answer = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
          content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
