@@ -95,6 +95,12 @@ fn syntax(e: &serde_json::Error) -> String {
     let what = text
         .rsplit_once(" at line ")
         .map_or(text.as_str(), |(what, _)| what);
+    // serde_json's "EOF while parsing a value": the body stops before the JSON does.
+    let what = if e.is_eof() {
+        "it ends before the JSON does"
+    } else {
+        what
+    };
     format!("{what} (line {}, character {})", e.line(), e.column())
 }
 
@@ -128,6 +134,15 @@ mod tests {
         assert!(!with("text/plain"));
         assert!(!with("application/jsonx"));
         assert!(!is_json(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn a_body_that_stops_early_says_so() {
+        let e = serde_json::from_str::<Value>("{\"inputs\": \"x\",").unwrap_err();
+        assert_eq!(
+            syntax(&e),
+            "it ends before the JSON does (line 1, character 15)"
+        );
     }
 
     #[test]
