@@ -14,14 +14,28 @@ ARG RUNTIME_IMAGE=debian:bookworm-slim
 
 FROM ${BUILDER_IMAGE} AS builder
 ARG FEATURES=""
+# Certificate authorities the build trusts besides the image's own, as PEM text. Behind a
+# TLS-inspecting proxy cargo and pip see the proxy's certificate and stop with "self-signed
+# certificate in certificate chain" unless its CA is added here:
+#   docker build --build-arg EXTRA_CA_CERTS="$(cat corporate-ca.pem)" -t sonde .
+# Only this build stage trusts them; the runtime image is left as it is.
+ARG EXTRA_CA_CERTS=""
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates python3 python3-pip \
+    && if [ -n "$EXTRA_CA_CERTS" ]; then \
+        printf '%s\n' "$EXTRA_CA_CERTS" > /usr/local/share/ca-certificates/sonde-build-extra.crt \
+        && update-ca-certificates; \
+    fi \
+    && rm -rf /var/lib/apt/lists/*
+# cargo and pip each ship their own idea of whom to trust; point both at the system's bundle,
+# which now holds the extra CAs.
+ENV CARGO_HTTP_CAINFO=/etc/ssl/certs/ca-certificates.crt \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 # CUDA builder images have no Rust: install the toolchain the project is tested with.
 RUN if ! command -v cargo >/dev/null; then \
-        apt-get update && apt-get install -y --no-install-recommends curl ca-certificates build-essential \
+        apt-get update && apt-get install -y --no-install-recommends curl build-essential \
         && curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain 1.95.0; \
     fi
 ENV PATH=/root/.cargo/bin:/usr/local/cargo/bin:$PATH
-RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-pip \
-    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --workspace --bins ${FEATURES:+--features "$FEATURES"}
