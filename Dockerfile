@@ -50,9 +50,12 @@ COPY --from=builder /src/target/release/sonde-launcher /src/target/release/sonde
     /src/target/release/sonde-shard /usr/local/bin/
 COPY --from=builder /src/data/models /opt/sonde/data/models
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh
+# NO_COLOR: the logs go to Cloud Logging or `docker logs`, not a terminal; without it every
+# line carries ANSI colour codes there.
 ENV SONDE_DATA_DIR=/opt/sonde/data \
     SONDE_CACHE_DIR=/home/sonde/.cache/sonde \
-    PORT=8080
+    PORT=8080 \
+    NO_COLOR=1
 USER sonde
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
