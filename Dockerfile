@@ -54,7 +54,11 @@ RUN if [ -n "$PREBUILT_BIN_DIR" ]; then \
 RUN SONDE_DATA_DIR=/src/data scripts/fetch-data model
 
 FROM ${RUNTIME_IMAGE}
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+# tini is the container's first process: the kernel drops a SIGTERM sent to a first process
+# that has no handler yet, so `docker stop` (or Vertex scaling down) while the launcher
+# downloads a model waited out the whole grace period and killed it; tini hands the signal
+# on, and reaps orphans.
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates tini \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 1000 --create-home --shell /usr/sbin/nologin sonde
 COPY --from=builder /src/target/release/sonde-launcher /src/target/release/sonde-router \
@@ -69,4 +73,4 @@ ENV SONDE_DATA_DIR=/opt/sonde/data \
     NO_COLOR=1
 USER sonde
 EXPOSE 8080
-ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/entrypoint.sh"]
