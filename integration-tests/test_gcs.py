@@ -69,6 +69,10 @@ def test_interrupted_download_leaves_no_model_then_vertex_serves_it(gcs):
             assert first.proc.poll() is None, first.logs()
             assert time.monotonic() < deadline, f"the download never started:\n{first.logs()}"
             time.sleep(0.1)
+        # Minutes of download for a real model: the port answers 503 all along, so a
+        # platform's probe sees a container loading, not a refused connection.
+        r = requests.get(first.url + "/health", timeout=10)
+        assert r.status_code == 503 and r.json()["error_type"] == "healthcheck", r.text
         first.signal(signal.SIGKILL)
         first.wait_exit(10)
         cache = first.env["SONDE_CACHE_DIR"]

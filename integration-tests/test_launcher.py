@@ -43,6 +43,35 @@ def test_readme_command_serves_the_default_model_with_scores():
         lz.stop()
 
 
+def test_port_answers_503_from_the_start_and_never_refuses_until_ready():
+    """The launcher answers 503 on the port while the shard loads, then hands the socket to
+    the router (which answers 503 until warm): once the port answered, a probe never finds
+    it closed — not even while the router starts."""
+    lz = launch(name="loading")
+    try:
+        lz.start(wait=False)
+        seen = []
+        deadline = time.monotonic() + 120
+        while not seen or seen[-1] != 200:
+            try:
+                r = requests.get(lz.url + "/health", timeout=5)
+                got = r.status_code
+                if got == 503:
+                    assert r.json()["error_type"] == "healthcheck", r.text
+            except requests.ConnectionError:
+                got = "refused"
+            if not seen or seen[-1] != got:
+                seen.append(got)
+            assert lz.proc.poll() is None, lz.logs()
+            assert time.monotonic() < deadline, f"saw {seen}:\n{lz.logs()}"
+        assert 503 in seen, f"never 503 while loading (saw {seen})"
+        assert "refused" not in seen[seen.index(503):], f"refused after answering (saw {seen})"
+        out = post(lz, "/generate", {"inputs": "Once upon a time", "parameters": {"max_new_tokens": 2}})
+        assert out.status_code == 200, out.text
+    finally:
+        lz.stop()
+
+
 def test_prefix_caching_env_reaches_the_shard():
     """TGI's PREFIX_CACHING turns the cache off; the shard's own answer says so in /info."""
     lz = launch(env={"PREFIX_CACHING": "0"}, name="no-prefix-cache")

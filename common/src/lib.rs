@@ -2,6 +2,10 @@
 
 pub mod flags;
 
+/// What a client hears while the model loads (503, `error_type` `healthcheck`), whichever
+/// process answers: the launcher before the router starts, the router until it is warm.
+pub const LOADING_MESSAGE: &str = "the model is still loading; retry when /health answers 200";
+
 /// Logs to stderr (the launcher copies its children's output there too), filtered by
 /// `RUST_LOG` (default `info`), as JSON lines with `json`.
 pub fn init_logging(json: bool) {

@@ -88,10 +88,11 @@ pub fn check_args(args: &LauncherArgs) -> Result<(), LaunchError> {
     Ok(())
 }
 
-/// Fails fast, before a model loads for minutes, if the router could not bind its port.
-pub fn check_port(host: &str, port: u16) -> Result<(), LaunchError> {
+/// Binds the HTTP port first thing: a port in use fails before a model loads for minutes,
+/// and the socket answers 503 while it does (`loading.rs`), then goes to the router.
+pub fn bind_http(host: &str, port: u16) -> Result<std::net::TcpListener, LaunchError> {
     match std::net::TcpListener::bind((host, port)) {
-        Ok(_) => Ok(()),
+        Ok(listener) => Ok(listener),
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(LaunchError::PortInUse {
             host: host.to_string(),
             port,

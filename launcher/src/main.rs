@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 use sonde_launcher::args::LauncherArgs;
 use sonde_launcher::config::{self, Binaries, LaunchEnv};
+use sonde_launcher::loading::Loading;
 use sonde_launcher::model::{self, GcsOptions, HubOptions, ProgressStyle, ResolveConfig};
 use sonde_launcher::supervisor::{self, Plan, ShardPlan};
 
@@ -28,7 +29,7 @@ async fn launch(args: LauncherArgs) -> anyhow::Result<()> {
     let env = LaunchEnv::from_process();
     config::check_args(&args)?;
     let port = env.http_port(&args)?;
-    config::check_port(&args.hostname, port)?;
+    let http = Loading::serve(config::bind_http(&args.hostname, port)?)?;
     let launcher = std::env::current_exe()?;
     let bins = Binaries::beside(&launcher)?;
 
@@ -75,7 +76,7 @@ async fn launch(args: LauncherArgs) -> anyhow::Result<()> {
         drain_timeout: Duration::from_secs(args.supervision.graceful_termination_timeout),
         max_restarts: args.supervision.max_shard_restarts,
     };
-    supervisor::run(plan).await?;
+    supervisor::run(plan, http).await?;
     tracing::info!("stopped");
     Ok(())
 }

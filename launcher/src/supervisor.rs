@@ -11,6 +11,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::child::{ChildSpec, Supervised};
 use crate::liveness::{self, Liveness};
+use crate::loading::Loading;
 
 /// What the supervisor runs and how patiently.
 #[derive(Debug, Clone)]
@@ -54,6 +55,8 @@ pub enum SuperviseError {
     RouterDied { status: String, lines: String },
     #[error("could not listen for signals: {0}")]
     Signals(std::io::Error),
+    #[error("could not hand the HTTP port over to the router: {0}")]
+    HandOver(std::io::Error),
 }
 
 /// A shard that stayed up this long has its restart count forgiven.
@@ -70,8 +73,9 @@ struct Running {
     started: Instant,
 }
 
-/// Runs everything until a signal (Ok) or an unrecoverable failure (Err).
-pub async fn run(plan: Plan) -> Result<(), SuperviseError> {
+/// Runs everything until a signal (Ok) or an unrecoverable failure (Err). `http` answers
+/// 503 on the HTTP port until the router takes the port over.
+pub async fn run(plan: Plan, http: Loading) -> Result<(), SuperviseError> {
     let mut term = signal(SignalKind::terminate()).map_err(SuperviseError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(SuperviseError::Signals)?;
     let mut shards = Vec::with_capacity(plan.shards.len());
@@ -85,7 +89,7 @@ pub async fn run(plan: Plan) -> Result<(), SuperviseError> {
         });
     }
     tracing::info!("shards ready; starting the router");
-    let mut router = spawn(&plan.router)?;
+    let mut router = spawn_router(&plan.router, http).await?;
     let mut liveness = Liveness::new(plan.shards.iter().map(|s| s.socket.clone()).collect());
     loop {
         tokio::select! {
@@ -157,6 +161,18 @@ fn spawn(spec: &ChildSpec) -> Result<Supervised, SuperviseError> {
         name: spec.name.clone(),
         source,
     })
+}
+
+/// Starts the router on the socket the launcher has answered on so far (`loading.rs`).
+async fn spawn_router(spec: &ChildSpec, http: Loading) -> Result<Supervised, SuperviseError> {
+    let (listener, fd) = http.hand_over().await.map_err(SuperviseError::HandOver)?;
+    let mut spec = spec.clone();
+    spec.args
+        .extend(["--listen-fd".to_string(), fd.to_string()]);
+    let router = spawn(&spec);
+    // The router holds the socket now; a shard restarted later must not inherit it.
+    drop(listener);
+    router
 }
 
 /// Starts a shard and waits until it answers its gRPC health check.

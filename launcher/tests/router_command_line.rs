@@ -22,6 +22,10 @@ const NOT_PASSED: &[(&str, &str)] = &[
         "max-batch-total-tokens",
         "the launcher gives its KV budget to the shard, whose Info reports it to the router",
     ),
+    (
+        "listen-fd",
+        "added when the router starts: the launcher's HTTP socket, open only then (loading.rs)",
+    ),
     ("help", "clap's"),
     ("version", "clap's"),
 ];

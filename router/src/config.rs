@@ -35,6 +35,11 @@ pub struct RouterArgs {
     /// HTTP port; `AIP_HTTP_PORT` (set by Vertex AI) wins over it.
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
+    /// Serve on this inherited, already listening TCP socket instead of binding
+    /// --hostname/--port: the launcher hands over the port it answered 503 on while the
+    /// model loaded, so the port never refuses a connection.
+    #[arg(long, hide = true)]
+    pub listen_fd: Option<i32>,
     /// Require `Authorization: Bearer <key>` on inference routes.
     #[arg(long, env = "API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -97,6 +102,8 @@ pub struct ShardsConfig {
 pub struct ServerConfig {
     pub hostname: String,
     pub port: u16,
+    /// An inherited listening socket to serve on instead of binding hostname:port.
+    pub listen_fd: Option<i32>,
     pub predict_route: String,
     pub health_route: String,
     pub api_key: Option<String>,
@@ -174,6 +181,7 @@ impl RouterArgs {
         Ok(ServerConfig {
             hostname: self.hostname.clone(),
             port,
+            listen_fd: self.listen_fd,
             predict_route: route(&env.predict_route, "/predict", "AIP_PREDICT_ROUTE")?,
             health_route: route(&env.health_route, "/health", "AIP_HEALTH_ROUTE")?,
             api_key: self.api_key.clone().filter(|k| !k.is_empty()),

@@ -33,9 +33,11 @@ pub async fn health(State(state): State<AppState>) -> Response {
 #[utoipa::path(get, path = "/info", tag = "Ops",
     responses((status = 200, body = Info), (status = 503, body = ErrorBody)))]
 pub async fn info(State(state): State<AppState>) -> Result<Json<Info>, ApiError> {
-    state.ready_info().cloned().map(Json).ok_or_else(|| {
-        ApiError::NotReady("the model is still loading; retry when /health answers 200".into())
-    })
+    state
+        .ready_info()
+        .cloned()
+        .map(Json)
+        .ok_or_else(|| ApiError::NotReady(sonde_common::LOADING_MESSAGE.into()))
 }
 
 /// Prometheus text exposition.

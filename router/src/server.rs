@@ -2,6 +2,7 @@
 //! warm, drain on shutdown.
 
 use std::future::Future;
+use std::os::fd::{FromRawFd, RawFd};
 
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::routing::{get, post};
@@ -106,9 +107,31 @@ async fn not_found(request: Request) -> ApiError {
     ))
 }
 
-/// Binds `config`'s address.
+/// The HTTP socket: the one the launcher handed over (`--listen-fd`), else `config`'s
+/// address, bound now.
 pub async fn bind(config: &ServerConfig) -> std::io::Result<TcpListener> {
-    TcpListener::bind((config.hostname.as_str(), config.port)).await
+    match config.listen_fd {
+        Some(fd) => inherited(fd),
+        None => TcpListener::bind((config.hostname.as_str(), config.port)).await,
+    }
+}
+
+/// Takes over a listening socket this process inherited across exec.
+fn inherited(fd: RawFd) -> std::io::Result<TcpListener> {
+    if fd <= 2 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("--listen-fd {fd} is a standard stream, not a socket"),
+        ));
+    }
+    // SAFETY: the launcher opened this descriptor, kept it open across exec for this
+    // process alone and named it with --listen-fd; nothing else here owns it, since it was
+    // open before main ran and no descriptor this process opens can take its number.
+    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    // A descriptor that is no bound TCP socket fails here, before anything is served.
+    listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    TcpListener::from_std(listener)
 }
 
 /// Serves until `shutdown` resolves, then drains: health turns 503, new requests are
@@ -154,5 +177,31 @@ pub async fn run(
     match err_rx.await {
         Ok(Some(e)) => Err(e),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::os::fd::IntoRawFd;
+
+    #[tokio::test]
+    async fn serves_on_an_inherited_listening_socket() {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = socket.local_addr().unwrap();
+        let listener = super::inherited(socket.into_raw_fd()).unwrap();
+        assert_eq!(listener.local_addr().unwrap(), addr);
+        let (accepted, connected) =
+            tokio::join!(listener.accept(), tokio::net::TcpStream::connect(addr));
+        assert_eq!(
+            accepted.unwrap().1,
+            connected.unwrap().local_addr().unwrap()
+        );
+    }
+
+    #[test]
+    fn a_standard_stream_is_no_socket_to_serve_on() {
+        let err = super::inherited(1).unwrap_err();
+        assert!(err.to_string().contains("--listen-fd 1"), "{err}");
     }
 }

@@ -233,9 +233,7 @@ impl AppState {
                 self.health.reason().unwrap_or_default()
             ))),
             (_, Some(ready)) => Ok(ready),
-            (_, None) => Err(ApiError::NotReady(
-                "the model is still loading; retry when /health answers 200".into(),
-            )),
+            (_, None) => Err(ApiError::NotReady(sonde_common::LOADING_MESSAGE.into())),
         }
     }
 

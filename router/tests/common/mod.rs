@@ -181,6 +181,7 @@ pub fn config() -> ServerConfig {
     ServerConfig {
         hostname: "127.0.0.1".into(),
         port: 0,
+        listen_fd: None,
         predict_route: "/predict".into(),
         health_route: "/health".into(),
         api_key: None,

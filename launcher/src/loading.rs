@@ -1,0 +1,186 @@
+//! The HTTP port while the model downloads and the shards load.
+//!
+//! The router answers 503 while it starts, but the launcher starts it only once the shards
+//! are ready, and a download from `gs://` or the Hub comes before that: minutes with
+//! nothing on the port, which a platform's health probe sees as a refused connection —
+//! a dead container. So the launcher binds the port first thing and answers every request
+//! itself, 503 in the router's words, until the shards are ready. Then the same socket is
+//! handed to the router (`--listen-fd`): connections that arrive meanwhile wait in its
+//! backlog for the router to accept them, and at no moment does the port refuse.
+
+use std::net::TcpListener as StdListener;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::Duration;
+
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The router's own answer while it starts (`ApiError::NotReady`: its envelope, its
+/// sentence), so a client sees one answer whichever process gives it.
+pub fn loading_body() -> String {
+    serde_json::json!({"error": sonde_common::LOADING_MESSAGE, "error_type": "healthcheck"})
+        .to_string()
+}
+/// Largest request head read before answering; the answer is the same whatever it says.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Time a client gets to send its request head, and to read the answer.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Answers 503 on the HTTP port until [`Loading::hand_over`].
+pub struct Loading {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<TcpListener>,
+}
+
+impl Loading {
+    /// Starts answering on `listener` (bound, not yet accepting).
+    pub fn serve(listener: StdListener) -> std::io::Result<Self> {
+        listener.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(listener)?;
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(accept_until(listener, stopped));
+        Ok(Self { stop, task })
+    }
+
+    /// Stops accepting and returns the socket, still listening, made inheritable by the
+    /// next process the launcher starts (the router), with its descriptor number. The
+    /// caller drops it once that process started, so no later child inherits it.
+    pub async fn hand_over(self) -> std::io::Result<(StdListener, RawFd)> {
+        let _ = self.stop.send(());
+        let listener = self
+            .task
+            .await
+            .map_err(|e| std::io::Error::other(format!("the loading responder failed: {e}")))?
+            .into_std()?;
+        fcntl(&listener, FcntlArg::F_SETFD(FdFlag::empty())).map_err(std::io::Error::from)?;
+        let fd = listener.as_raw_fd();
+        Ok((listener, fd))
+    }
+}
+
+async fn accept_until(listener: TcpListener, mut stop: oneshot::Receiver<()>) -> TcpListener {
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut stop => return listener,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    tokio::spawn(answer(stream));
+                }
+                Err(e) => {
+                    // Out of descriptors, or a connection reset before it was accepted:
+                    // the next accept may work, and the port must stay up meanwhile.
+                    tracing::debug!(error = %e, "accepting a connection while loading");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}
+
+/// Reads the request head, answers 503 and closes.
+async fn answer(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(CLIENT_TIMEOUT, read_head(&mut stream)).await;
+    let body = loading_body();
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(CLIENT_TIMEOUT, async {
+        stream.write_all(response.as_bytes()).await?;
+        stream.shutdown().await?;
+        // Closing with a request body still unread would reset the connection, and the
+        // client might lose the answer: read until the client closes.
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+}
+
+async fn read_head(stream: &mut TcpStream) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    while head.len() < MAX_HEAD_BYTES {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.windows(4).any(|w| w == b"\r\n\r\n") {
+            break;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::io::{Read, Write};
+
+    fn get(addr: std::net::SocketAddr, request: &str) -> String {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn answers_503_in_the_routers_words_on_every_route() {
+        let listener = StdListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let loading = Loading::serve(listener).unwrap();
+        for request in [
+            "GET /health HTTP/1.1\r\nhost: x\r\n\r\n",
+            "POST /generate HTTP/1.1\r\ncontent-length: 13\r\n\r\n{\"inputs\":\"\"}",
+        ] {
+            let out = tokio::task::spawn_blocking({
+                let request = request.to_string();
+                move || get(addr, &request)
+            })
+            .await
+            .unwrap();
+            assert!(out.starts_with("HTTP/1.1 503 "), "{out}");
+            assert!(out.ends_with(&loading_body()), "{out}");
+        }
+        loading.hand_over().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn handed_over_socket_keeps_the_connections_that_arrive_meanwhile() {
+        let listener = StdListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let loading = Loading::serve(listener).unwrap();
+        let (listener, fd) = loading.hand_over().await.unwrap();
+        assert_eq!(fd, listener.as_raw_fd());
+        let flags = fcntl(&listener, FcntlArg::F_GETFD).unwrap();
+        assert_eq!(
+            flags & libc_cloexec(),
+            0,
+            "the socket would not survive exec"
+        );
+        // Nobody accepts now, yet the connection is taken (the backlog) and served by
+        // whoever accepts next: the router, in production.
+        let client = std::thread::spawn(move || get(addr, "GET /health HTTP/1.1\r\n\r\n"));
+        listener.set_nonblocking(false).unwrap();
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut head = [0u8; 64];
+        let n = conn.read(&mut head).unwrap();
+        assert!(head[..n].starts_with(b"GET /health"));
+        conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            .unwrap();
+        drop(conn);
+        assert!(client.join().unwrap().starts_with("HTTP/1.1 200 OK"));
+    }
+
+    fn libc_cloexec() -> i32 {
+        FdFlag::FD_CLOEXEC.bits()
+    }
+}
