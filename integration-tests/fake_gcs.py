@@ -30,18 +30,24 @@ Control endpoints (paths no bucket can have, since bucket names start with [a-z0
   POST /_control/reset   -> zero the counters
   POST /_control/fail?object=KEY&after=N  |  POST /_control/fail
 
+From a test: `with fake_gcs.serving(tmp_path, model, "bucket/key") as gcs:` starts it in a
+process of its own serving one file, and gives its URL, credentials file and controls.
+
 Usage: python3 fake_gcs.py --root DIR [--port 0] [--credentials-out PATH]
        [--fail-object KEY --fail-after-bytes N] [--exit-on-stdin-eof] [--verbose]
 The first line on stdout is `fake_gcs listening on http://127.0.0.1:PORT`.
 """
 
 import argparse
+import contextlib
 import email.utils
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
+import urllib.request
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -257,6 +263,49 @@ def parse_range(value, size):
     if start >= size or start >= end:
         return None
     return start, end
+
+
+class Served:
+    """A running stand-in serving one object, as the tests see it."""
+
+    def __init__(self, base, credentials, key):
+        self.base = base
+        self.credentials = credentials
+        self.key = key
+
+    def control(self, path):
+        """POSTs /_control/<path> (fail?object=...&after=N, fail, reset)."""
+        req = urllib.request.Request(f"{self.base}/_control/{path}", method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200, r.read()
+
+    def gets(self):
+        """How many GETs of the object the stand-in has answered (or cut)."""
+        with urllib.request.urlopen(f"{self.base}/_control/stats", timeout=10) as r:
+            return json.load(r)["get"].get(self.key, 0)
+
+
+@contextlib.contextmanager
+def serving(folder, path, key):
+    """Serves the file `path` as gs://`key` (bucket/name...) from a stand-in in its own
+    process, whose storage and credentials file live in `folder`; stops it on exit (and
+    it exits by itself if the test process dies)."""
+    root = folder / "gcs"
+    (root / key).parent.mkdir(parents=True)
+    os.symlink(path, root / key)
+    creds = folder / "service-account.json"
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--root", str(root), "--credentials-out", str(creds),
+         "--exit-on-stdin-eof"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().strip().rsplit(" ", 1)[-1]
+        assert url.startswith("http://127.0.0.1:"), f"fake_gcs did not start: {url!r}"
+        yield Served(url, creds, key)
+    finally:
+        proc.stdin.close()
+        proc.terminate()
+        proc.wait(10)
 
 
 def main():

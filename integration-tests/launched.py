@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -113,6 +114,20 @@ class Launched:
         # The launcher stops its children; a test that killed the launcher itself must not
         # leave them behind.
         subprocess.run(["pkill", "-9", "-f", str(self.uds_prefix)], check=False)
+
+
+def generating(server, n, run, within_s=60):
+    """Starts `run(i)` for i < n, each in a thread, and returns the threads once the batch
+    holds all n (generating, not queued): the moment a test of a fault or a signal means.
+    `server` is anything with `metrics()` (Launched, conftest's Server)."""
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + within_s
+    while server.metrics().get("sonde_batch_current_size", 0) < n:
+        assert time.monotonic() < deadline, f"the {n} requests never all ran at once"
+        time.sleep(0.05)
+    return threads
 
 
 def launcher_cmd(port, uds_prefix, *args):

@@ -2,11 +2,11 @@
 requests already running finish; then the router exits 0."""
 
 import signal
-import threading
 import time
 
 import requests
 
+from launched import generating
 from sonde_http import TIMEOUT_S, post, sse_events
 
 STREAMS = 4
@@ -21,14 +21,8 @@ def test_sigterm_lets_running_streams_finish(launch):
         with requests.post(server.url + "/generate_stream", json=body, stream=True, timeout=TIMEOUT_S) as r:
             results[i] = list(sse_events(r))
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(STREAMS)]
-    for t in threads:
-        t.start()
     # Signal only once every stream is generating.
-    deadline = time.monotonic() + 60
-    while server.metrics().get("sonde_batch_current_size", 0) < STREAMS:
-        assert time.monotonic() < deadline, "the streams never all started"
-        time.sleep(0.05)
+    threads = generating(server, STREAMS, run)
     router = server.procs["router"]
     router.send_signal(signal.SIGTERM)
     time.sleep(0.3)

@@ -2,16 +2,14 @@
 launcher through the real GCS client from a local stand-in of GCS, then served — through
 entrypoint.sh with Vertex's variables. An interrupted download leaves no model behind."""
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import requests
 
+import fake_gcs
 from conftest import BIN_DIR, MODEL, REPO
 from launched import Launched, launcher_cmd
 
@@ -21,33 +19,8 @@ KEY = f"smollm2/{MODEL.name}"
 
 @pytest.fixture
 def gcs(tmp_path):
-    root = tmp_path / "gcs"
-    (root / BUCKET / "smollm2").mkdir(parents=True)
-    os.symlink(MODEL, root / BUCKET / KEY)
-    creds = tmp_path / "service-account.json"
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "integration-tests" / "fake_gcs.py"), "--root", str(root),
-         "--credentials-out", str(creds), "--exit-on-stdin-eof"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    url = proc.stdout.readline().strip().rsplit(" ", 1)[-1]
-    assert url.startswith("http://127.0.0.1:"), url
-
-    class Gcs:
-        base = url
-        credentials = creds
-
-        def control(self, path):
-            r = requests.post(f"{url}/_control/{path}", timeout=10)
-            assert r.status_code == 200, r.text
-
-        def gets(self):
-            stats = requests.get(f"{url}/_control/stats", timeout=10).json()
-            return stats["get"].get(f"{BUCKET}/{KEY}", 0)
-
-    yield Gcs()
-    proc.stdin.close()
-    proc.terminate()
-    proc.wait(10)
+    with fake_gcs.serving(tmp_path, MODEL, f"{BUCKET}/{KEY}") as served:
+        yield served
 
 
 def models_in(folder):

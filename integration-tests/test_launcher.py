@@ -5,14 +5,13 @@ import os
 import signal
 import socket
 import subprocess
-import threading
 import time
 
 import pytest
 import requests
 
 from conftest import MODEL
-from launched import Launched, launcher_cmd, serve_cmd
+from launched import Launched, generating, launcher_cmd, serve_cmd
 from sonde_http import TIMEOUT_S, post, sse_events
 
 
@@ -100,10 +99,7 @@ def test_sigterm_with_8_streams_in_flight_lets_them_finish_and_exits_0():
     try:
         lz.start()
         results = [None] * 8
-        threads = [threading.Thread(target=_stream, args=(lz, i, results)) for i in range(8)]
-        for t in threads:
-            t.start()
-        lz.wait_gauge("sonde_batch_current_size", 8)
+        threads = generating(lz, 8, lambda i: _stream(lz, i, results))
         signalled = time.monotonic()
         lz.signal(signal.SIGTERM)
         for t in threads:
@@ -127,10 +123,7 @@ def test_killed_shard_fails_requests_with_424_and_is_restarted():
             r = post(lz, "/generate", {"inputs": f"Tale {i}", "parameters": {"max_new_tokens": 300}})
             results[i] = (r.status_code, r.json(), time.monotonic())
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        lz.wait_gauge("sonde_batch_current_size", 4)
+        threads = generating(lz, 4, run)
         old = lz.shard_pid()
         os.kill(old, signal.SIGKILL)
         killed = time.monotonic()

@@ -20,6 +20,9 @@ import pytest
 import requests
 from openai import OpenAI
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import fake_gcs  # noqa: E402  (integration-tests/, beside this folder)
+
 REPO = Path(__file__).resolve().parents[2]
 DATA_DIR = Path(os.environ.get("SONDE_DATA_DIR", REPO / "data"))
 MODEL = DATA_DIR / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -335,34 +338,9 @@ def gcs(tmp_path):
     serving the default model; the container reaches it through host networking."""
     if not MODEL.is_file():
         pytest.fail(f"model {MODEL} is missing: run scripts/fetch-data model", pytrace=False)
-    root = tmp_path / "gcs"
-    (root / BUCKET / FOLDER).mkdir(parents=True)
-    os.symlink(MODEL, root / BUCKET / FOLDER / MODEL.name)
-    creds = tmp_path / "service-account.json"
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "integration-tests" / "fake_gcs.py"), "--root", str(root),
-         "--credentials-out", str(creds), "--exit-on-stdin-eof"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    url = proc.stdout.readline().strip().rsplit(" ", 1)[-1]
-    assert url.startswith("http://127.0.0.1:"), url
-    os.chmod(creds, 0o644)  # read inside the container by the non-root user
-
-    class Gcs:
-        base = url
-        credentials = creds
-
-        def control(self, path):
-            r = requests.post(f"{url}/_control/{path}", timeout=10)
-            assert r.status_code == 200, r.text
-
-        def gets(self):
-            stats = requests.get(f"{url}/_control/stats", timeout=10).json()
-            return stats["get"].get(f"{BUCKET}/{FOLDER}/{MODEL.name}", 0)
-
-    yield Gcs()
-    proc.stdin.close()
-    proc.terminate()
-    proc.wait(10)
+    with fake_gcs.serving(tmp_path, MODEL, f"{BUCKET}/{FOLDER}/{MODEL.name}") as served:
+        os.chmod(served.credentials, 0o644)  # read inside the container by the non-root user
+        yield served
 
 
 def test_model_from_gcs_downloads_into_the_users_cache(container, gcs):

@@ -13,6 +13,7 @@ import pytest
 import requests
 
 import harness
+from launched import generating
 from sonde_http import assert_error, ok_json, sse_events
 
 STEP_TIMEOUT_S = 3
@@ -105,10 +106,7 @@ def _hanging_request(lz, i, out):
 def test_stopped_shard_fails_its_requests_with_424_and_is_restarted(lz):
     harness.wait_idle(lz)
     out = [None] * 4
-    threads = [threading.Thread(target=_hanging_request, args=(lz, i, out)) for i in range(4)]
-    for t in threads:
-        t.start()
-    lz.wait_gauge("sonde_batch_current_size", 4)
+    threads = generating(lz, 4, lambda i: _hanging_request(lz, i, out))
     old = lz.shard_pid()
     os.kill(old, signal.SIGSTOP)
     stopped = time.monotonic()
