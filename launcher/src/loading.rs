@@ -15,7 +15,7 @@ use std::time::Duration;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
 /// The router's own answer while it starts (`ApiError::NotReady`: its envelope, its
@@ -28,6 +28,11 @@ pub fn loading_body() -> String {
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// Time a client gets to send its request head, and to read the answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections given `CLIENT_TIMEOUT` at once. Past it, a connection gets `BUSY_TIMEOUT`:
+/// clients that send nothing (a slowloris) hold few descriptors for long, and a health
+/// probe, which sends its request at once, still hears 503.
+const MAX_ANSWERING: usize = 256;
+const BUSY_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// Answers 503 on the HTTP port until [`Loading::hand_over`].
 pub struct Loading {
@@ -62,13 +67,19 @@ impl Loading {
 }
 
 async fn accept_until(listener: TcpListener, mut stop: oneshot::Receiver<()>) -> TcpListener {
+    let answering = std::sync::Arc::new(Semaphore::new(MAX_ANSWERING));
     loop {
         tokio::select! {
             biased;
             _ = &mut stop => return listener,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    tokio::spawn(answer(stream));
+                    let permit = answering.clone().try_acquire_owned().ok();
+                    let patience = if permit.is_some() { CLIENT_TIMEOUT } else { BUSY_TIMEOUT };
+                    tokio::spawn(async move {
+                        answer(stream, patience).await;
+                        drop(permit);
+                    });
                 }
                 Err(e) => {
                     // Out of descriptors, or a connection reset before it was accepted:
@@ -81,17 +92,21 @@ async fn accept_until(listener: TcpListener, mut stop: oneshot::Receiver<()>) ->
     }
 }
 
-/// Reads the request head, answers 503 and closes.
-async fn answer(mut stream: TcpStream) {
-    let _ = tokio::time::timeout(CLIENT_TIMEOUT, read_head(&mut stream)).await;
+/// The whole HTTP answer: 503, the router's body, and the connection closed.
+fn response() -> String {
     let body = loading_body();
-    let response = format!(
+    format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
          content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
         body.len()
-    );
-    let _ = tokio::time::timeout(CLIENT_TIMEOUT, async {
-        stream.write_all(response.as_bytes()).await?;
+    )
+}
+
+/// Reads the request head, answers 503 and closes, giving the client `patience` for each.
+async fn answer(mut stream: TcpStream, patience: Duration) {
+    let _ = tokio::time::timeout(patience, read_head(&mut stream)).await;
+    let _ = tokio::time::timeout(patience, async {
+        stream.write_all(response().as_bytes()).await?;
         stream.shutdown().await?;
         // Closing with a request body still unread would reset the connection, and the
         // client might lose the answer: read until the client closes.
@@ -150,6 +165,37 @@ mod tests {
             assert!(out.starts_with("HTTP/1.1 503 "), "{out}");
             assert!(out.ends_with(&loading_body()), "{out}");
         }
+        loading.hand_over().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn clients_that_send_nothing_do_not_silence_the_port() {
+        let listener = StdListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let loading = Loading::serve(listener).unwrap();
+        let silent: Vec<_> = (0..MAX_ANSWERING + 20)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let out = tokio::task::spawn_blocking(move || {
+            get(addr, "GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        })
+        .await
+        .unwrap();
+        assert!(out.starts_with("HTTP/1.1 503 "), "{out}");
+        // The first MAX_ANSWERING still wait for their request; the rest were answered and
+        // closed within a fraction of a second: they hold no descriptor.
+        let (waiting, answered) = tokio::task::spawn_blocking(move || {
+            let read = |mut s: &std::net::TcpStream| {
+                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                let mut out = String::new();
+                s.read_to_string(&mut out).map(|_| out)
+            };
+            (read(&silent[0]), read(&silent[MAX_ANSWERING + 19]))
+        })
+        .await
+        .unwrap();
+        assert!(waiting.is_err(), "{waiting:?}");
+        assert!(answered.unwrap().starts_with("HTTP/1.1 503 "));
         loading.hand_over().await.unwrap();
     }
 
