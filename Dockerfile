@@ -33,19 +33,20 @@ RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates
 # which now holds the extra CAs.
 ENV CARGO_HTTP_CAINFO=/etc/ssl/certs/ca-certificates.crt \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt
-# CUDA builder images have no Rust: install the toolchain the project is tested with.
-RUN if ! command -v cargo >/dev/null; then \
+# CI, which has already built and tested the binaries on the same Debian release, may hand
+# them over instead of building them a second time: PREBUILT_BIN_DIR names a folder of the
+# build context holding sonde-launcher, sonde-router and sonde-shard
+# (SONDE_CT_PREBUILT=target/release scripts/container-test). Unset, cargo builds them here.
+ARG PREBUILT_BIN_DIR=""
+# CUDA builder images have no Rust: install the toolchain the project is tested with (not
+# needed for binaries built elsewhere).
+RUN if [ -z "$PREBUILT_BIN_DIR" ] && ! command -v cargo >/dev/null; then \
         apt-get update && apt-get install -y --no-install-recommends curl build-essential \
         && curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain 1.95.0; \
     fi
 ENV PATH=/root/.cargo/bin:/usr/local/cargo/bin:$PATH
 WORKDIR /src
 COPY . .
-# CI, which has already built and tested the binaries on the same Debian release, may hand
-# them over instead of building them a second time: PREBUILT_BIN_DIR names a folder of the
-# build context holding sonde-launcher, sonde-router and sonde-shard
-# (SONDE_CT_PREBUILT=target/release scripts/container-test). Unset, cargo builds them here.
-ARG PREBUILT_BIN_DIR=""
 RUN if [ -n "$PREBUILT_BIN_DIR" ]; then \
         mkdir -p target/release \
         && cp "$PREBUILT_BIN_DIR/sonde-launcher" "$PREBUILT_BIN_DIR/sonde-router" \
