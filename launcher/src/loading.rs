@@ -24,6 +24,7 @@ pub fn loading_body() -> String {
     serde_json::json!({"error": sonde_common::LOADING_MESSAGE, "error_type": "healthcheck"})
         .to_string()
 }
+
 /// Largest request head read before answering; the answer is the same whatever it says.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// Time a client gets to send its request head, and to read the answer.
