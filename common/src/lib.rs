@@ -1,6 +1,7 @@
 //! What every Sonde process (launcher, router, shard) does the same way.
 
 pub mod flags;
+pub mod http;
 
 /// What a client hears while the model loads (503, `error_type` `healthcheck`), whichever
 /// process answers: the launcher before the router starts, the router until it is warm.

@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
@@ -93,29 +93,10 @@ async fn accept_until(listener: TcpListener, mut stop: oneshot::Receiver<()>) ->
     }
 }
 
-/// The whole HTTP answer: 503, the router's body, and the connection closed.
-fn response() -> String {
-    let body = loading_body();
-    format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-}
-
 /// Reads the request head, answers 503 and closes, giving the client `patience` for each.
 async fn answer(mut stream: TcpStream, patience: Duration) {
     let _ = tokio::time::timeout(patience, read_head(&mut stream)).await;
-    let _ = tokio::time::timeout(patience, async {
-        stream.write_all(response().as_bytes()).await?;
-        stream.shutdown().await?;
-        // Closing with a request body still unread would reset the connection, and the
-        // client might lose the answer: read until the client closes.
-        let mut sink = [0u8; 4096];
-        while stream.read(&mut sink).await? > 0 {}
-        Ok::<_, std::io::Error>(())
-    })
-    .await;
+    sonde_common::http::answer_503_and_close(&mut stream, &loading_body(), patience).await;
 }
 
 async fn read_head(stream: &mut TcpStream) -> std::io::Result<()> {

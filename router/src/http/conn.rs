@@ -11,7 +11,7 @@ use axum::Router;
 use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -108,19 +108,5 @@ pub async fn refuse(mut stream: TcpStream, max_connections: usize) {
         "the server has its --max-connections ({max_connections}) connections open; retry later"
     ));
     let body = serde_json::to_string(&error.body()).unwrap_or_default();
-    let answer = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        stream.write_all(answer.as_bytes()).await?;
-        stream.shutdown().await?;
-        // Read what the client sent before closing: closing with unread bytes resets the
-        // connection, and the client could lose the answer.
-        let mut sink = [0u8; 4096];
-        while stream.read(&mut sink).await? > 0 {}
-        Ok::<_, std::io::Error>(())
-    })
-    .await;
+    sonde_common::http::answer_503_and_close(&mut stream, &body, Duration::from_secs(2)).await;
 }

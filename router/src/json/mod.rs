@@ -105,7 +105,7 @@ fn syntax(e: &serde_json::Error) -> String {
 }
 
 /// What a JSON value is, in a sentence.
-pub fn kind(value: &Value) -> &'static str {
+fn kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "true or false",
