@@ -147,8 +147,9 @@ impl HealthCell {
     /// Fails the server for good: health 503 with `reason`, and [`HealthCell::failure`]
     /// resolves, which stops the server with it.
     pub fn fail(&self, reason: String) {
-        self.set(Health::Failed);
+        // The reason first: whoever sees Failed can read it.
         *self.0.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+        self.set(Health::Failed);
         self.0.failed.notify_one();
     }
 
