@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import time
 
 import requests
 
@@ -27,6 +28,41 @@ def post(server, path, body, **kw):
 def ok_json(resp):
     assert resp.status_code == 200, f"{resp.request.url}: {resp.status_code} {resp.text[:2000]}"
     return resp.json()
+
+
+def watch_health(url, alive, logs, within_s, poll_s=0.02):
+    """Polls the health route `url` until 200; returns what each poll saw, in order
+    ("refused", or the HTTP status), consecutive repeats folded. Each 503 must be the
+    loading answer (`error_type` healthcheck). Fails, with `logs()`, if `alive()` turns
+    false or `within_s` pass first."""
+    seen = []
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            r = requests.get(url, timeout=5)
+            got = r.status_code
+            if got == 503:
+                assert r.json()["error_type"] == "healthcheck", r.text
+        except requests.ConnectionError:
+            got = "refused"
+        if not seen or seen[-1] != got:
+            seen.append(got)
+        if got == 200:
+            return seen
+        assert alive(), f"the server exited while starting (saw {seen}):\n{logs()}"
+        assert time.monotonic() < deadline, \
+            f"health not 200 after {within_s} s (saw {seen}):\n{logs()}"
+        time.sleep(poll_s)
+
+
+def assert_loading_then_ready(seen, logs):
+    """What a health probe saw from start to ready (`watch_health`): nothing listening until
+    the port is bound, then 503 while the model loads, then 200 — never a refusal once the
+    port answered, since a platform may count that as a dead server."""
+    assert 503 in seen, f"health never answered 503 while loading (saw {seen}):\n{logs()}"
+    first = seen.index(503)
+    assert "refused" not in seen[first:], f"health refused after answering (saw {seen})"
+    assert set(seen[first:]) == {503, 200}, seen
 
 
 def generate(server, inputs, path="/generate", **params):

@@ -12,7 +12,7 @@ import requests
 
 from conftest import MODEL
 from launched import Launched, generating, launcher_cmd, serve_cmd
-from sonde_http import TIMEOUT_S, post, sse_events
+from sonde_http import TIMEOUT_S, assert_loading_then_ready, post, sse_events, watch_health
 
 
 def launch(tmp_args=(), env=None, name="launcher", cmd=launcher_cmd):
@@ -49,22 +49,8 @@ def test_port_answers_503_from_the_start_and_never_refuses_until_ready():
     lz = launch(name="loading")
     try:
         lz.start(wait=False)
-        seen = []
-        deadline = time.monotonic() + 120
-        while not seen or seen[-1] != 200:
-            try:
-                r = requests.get(lz.url + "/health", timeout=5)
-                got = r.status_code
-                if got == 503:
-                    assert r.json()["error_type"] == "healthcheck", r.text
-            except requests.ConnectionError:
-                got = "refused"
-            if not seen or seen[-1] != got:
-                seen.append(got)
-            assert lz.proc.poll() is None, lz.logs()
-            assert time.monotonic() < deadline, f"saw {seen}:\n{lz.logs()}"
-        assert 503 in seen, f"never 503 while loading (saw {seen})"
-        assert "refused" not in seen[seen.index(503):], f"refused after answering (saw {seen})"
+        seen = watch_health(lz.url + "/health", lambda: lz.proc.poll() is None, lz.logs, 120)
+        assert_loading_then_ready(seen, lz.logs)
         out = post(lz, "/generate", {"inputs": "Once upon a time", "parameters": {"max_new_tokens": 2}})
         assert out.status_code == 200, out.text
     finally:

@@ -22,6 +22,7 @@ from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fake_gcs  # noqa: E402  (integration-tests/, beside this folder)
+from sonde_http import assert_loading_then_ready, ok_json, watch_health  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 DATA_DIR = Path(os.environ.get("SONDE_DATA_DIR", REPO / "data"))
@@ -87,27 +88,14 @@ class Container:
         out = podman("logs", "--tail", tail, self.name, check=False)
         return out.stdout + out.stderr
 
-    def wait_healthy(self, poll_s=0.02):
-        """Polls the health route until 200; returns what each poll saw, in order
-        ("refused", or the HTTP status), consecutive repeats folded."""
-        seen = []
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                got = requests.get(self.url + self.health_route, timeout=5).status_code
-            except requests.ConnectionError:
-                got = "refused"
-            if not seen or seen[-1] != got:
-                seen.append(got)
-            if got == 200:
-                return seen
-            if not self.running():
-                raise AssertionError(f"the container exited {self.inspect('{{.State.ExitCode}}')} "
-                                     f"while starting:\n{self.logs()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"health not 200 after {START_TIMEOUT_S} s (saw {seen}):\n"
-                                     f"{self.logs()}")
-            time.sleep(poll_s)
+    def wait_healthy(self):
+        """Watches the health route until 200 (`sonde_http.watch_health`); returns what it
+        saw."""
+        return watch_health(self.url + self.health_route, self.running, self.exit_and_logs,
+                            START_TIMEOUT_S)
+
+    def exit_and_logs(self):
+        return f"exit code {self.inspect('{{.State.ExitCode}}')}, log:\n{self.logs()}"
 
     def wait_exit(self, timeout):
         out = podman("wait", self.name, timeout=timeout)
@@ -136,23 +124,8 @@ def container():
         c.remove()
 
 
-def ok(resp):
-    assert resp.status_code == 200, f"{resp.request.url}: {resp.status_code} {resp.text[:2000]}"
-    return resp.json()
-
-
 def assert_logprob(x, what):
     assert isinstance(x, float) and math.isfinite(x) and x <= 0, f"{what}: {x!r}"
-
-
-def assert_loading_then_ready(seen, c):
-    """What a health probe sees from start to ready: nothing listening until the container's
-    process binds the port, then 503 while the model loads, then 200 — never a refusal once
-    the port answered, since a platform may count that as a dead container."""
-    assert 503 in seen, f"health never answered 503 while loading (saw {seen}):\n{c.logs()}"
-    first = seen.index(503)
-    assert "refused" not in seen[first:], f"health refused after answering (saw {seen})"
-    assert set(seen[first:]) == {503, 200}, seen
 
 
 # --- as Vertex AI runs it ----------------------------------------------------------------------
@@ -168,7 +141,7 @@ def test_as_vertex_runs_it(container):
         # --container-env-vars` sets it (the README's example).
         "-e", "ENABLE_PREFILL_LOGPROBS=true",
     ])
-    assert_loading_then_ready(c.wait_healthy(), c)
+    assert_loading_then_ready(c.wait_healthy(), c.logs)
     # Plain log lines for Cloud Logging and `docker logs`, not terminal colour codes.
     assert "\x1b[" not in c.logs(), c.logs()
 
@@ -176,7 +149,7 @@ def test_as_vertex_runs_it(container):
     params = {"max_new_tokens": 4, "details": True, "top_n_tokens": 3,
               "decoder_input_details": True}
     body = {"instances": [{"inputs": PROMPT, "parameters": params}]}
-    [pred] = ok(requests.post(c.url + PREDICT_ROUTE, json=body, timeout=120))["predictions"]
+    [pred] = ok_json(requests.post(c.url + PREDICT_ROUTE, json=body, timeout=120))["predictions"]
     details = pred["details"]
     assert details["generated_tokens"] == len(details["tokens"]) == 4, details
     for i, tok in enumerate(details["tokens"]):
@@ -214,12 +187,12 @@ def test_as_a_person_runs_it_arguments_reach_the_launcher(container):
     port = free_port()
     c = container("person", port=port, options=["-p", f"127.0.0.1:{port}:8080"],
                   args=["--enable-prefill-logprobs", "--max-top-n-tokens", "10"])
-    assert_loading_then_ready(c.wait_healthy(), c)
+    assert_loading_then_ready(c.wait_healthy(), c.logs)
 
     # --enable-prefill-logprobs: prompt logprobs come back (off by default: a 422).
     params = {"max_new_tokens": 2, "details": True, "decoder_input_details": True,
               "top_n_tokens": 10}
-    out = ok(requests.post(c.url + "/generate", json={"inputs": PROMPT, "parameters": params},
+    out = ok_json(requests.post(c.url + "/generate", json={"inputs": PROMPT, "parameters": params},
                            timeout=120))
     prefill = out["details"]["prefill"]
     assert len(prefill) >= 4 and prefill[0]["logprob"] is None, prefill
@@ -261,7 +234,7 @@ def test_sigterm_lets_requests_in_flight_finish_and_exits_0(container):
         t.join(120)
     for i, r in enumerate(results):
         assert r is not None, f"request {i} never answered"
-        details = ok(r)["details"]
+        details = ok_json(r)["details"]
         assert details["finish_reason"] in ("length", "eos_token"), details
         assert details["generated_tokens"] == len(details["tokens"]) > 0, details
     code = int(c.inspect("{{.State.ExitCode}}"))
@@ -373,7 +346,7 @@ def test_model_from_gcs_downloads_into_the_users_cache(container, gcs):
     gcs.control("fail")  # the next retry gets the rest
     c.wait_healthy()
     assert gcs.gets() >= 3, f"the model was not fetched from the stand-in:\n{c.logs()}"
-    assert ok(requests.get(c.url + "/info", timeout=10))["model_id"] == uri
+    assert ok_json(requests.get(c.url + "/info", timeout=10))["model_id"] == uri
 
     # The copy lies in the non-root user's cache, owned by it, byte for byte the model.
     found = podman("exec", c.name, "find", "/home/sonde/.cache/sonde", "-name", "*.gguf",
@@ -388,7 +361,7 @@ def test_model_from_gcs_downloads_into_the_users_cache(container, gcs):
     assert digest == want
 
     body = {"instances": [{"inputs": PROMPT, "parameters": {"max_new_tokens": 3, "details": True}}]}
-    [pred] = ok(requests.post(c.url + "/predict", json=body, timeout=120))["predictions"]
+    [pred] = ok_json(requests.post(c.url + "/predict", json=body, timeout=120))["predictions"]
     assert pred["details"]["generated_tokens"] == 3
 
 
