@@ -71,7 +71,27 @@ def parse_prometheus(text):
     return out
 
 
-class SondeServer:
+class Scraped:
+    """What a running server's /metrics says; for any class with `url`."""
+
+    def metrics(self):
+        r = requests.get(self.url + "/metrics", timeout=30)
+        assert r.status_code == 200, r.text[:500]
+        return parse_prometheus(r.text)
+
+    def gauge(self, name, m=None):
+        m = self.metrics() if m is None else m
+        # A gauge appears once the scheduler first reports; before that it is 0.
+        return sum(v for k, v in m.items() if k == name or k.startswith(name + "{"))
+
+    def wait_gauge(self, name, at_least, within_s=60):
+        deadline = time.monotonic() + within_s
+        while self.gauge(name) < at_least:
+            assert time.monotonic() < deadline, f"{name} never reached {at_least}"
+            time.sleep(0.05)
+
+
+class SondeServer(Scraped):
     """One shard and one router in a temp dir; logs go to shard.log and router.log there."""
 
     def __init__(self, router_args=(), env=None, name="sonde", shard_args=()):
@@ -182,11 +202,6 @@ class SondeServer:
     def log_tails(self):
         return "\n".join(f"--- {self.dir / name}.log ---\n{_tail(self.dir / (name + '.log'))}"
                          for name in self.procs)
-
-    def metrics(self):
-        r = requests.get(self.url + "/metrics", timeout=30)
-        assert r.status_code == 200, r.text
-        return parse_prometheus(r.text)
 
     def info(self):
         r = requests.get(self.url + "/info", timeout=30)

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import requests
 
-from conftest import BIN_DIR, DATA_DIR, DEVICE_ARGS, REPO, _free_port, _tail, parse_prometheus
+from conftest import BIN_DIR, DATA_DIR, DEVICE_ARGS, REPO, Scraped, _free_port, _tail
 
 START_TIMEOUT_S = 180
 
 
-class Launched:
+class Launched(Scraped):
     def __init__(self, cmd, env=None, port=None, name="launcher", health_route="/health"):
         self.dir = Path(tempfile.mkdtemp(prefix=f"sonde-{name}-"))
         self.port = port or _free_port()
@@ -71,22 +71,6 @@ class Launched:
             time.sleep(0.1)
         return time.monotonic() - since
 
-    def metrics(self):
-        r = requests.get(self.url + "/metrics", timeout=30)
-        assert r.status_code == 200, r.text[:500]
-        return parse_prometheus(r.text)
-
-    def gauge(self, name, m=None):
-        m = self.metrics() if m is None else m
-        # A gauge appears once the scheduler first reports; before that it is 0.
-        return sum(v for k, v in m.items() if k == name or k.startswith(name + "{"))
-
-    def wait_gauge(self, name, at_least, within_s=60):
-        deadline = time.monotonic() + within_s
-        while self.gauge(name) < at_least:
-            assert time.monotonic() < deadline, f"{name} never reached {at_least}"
-            time.sleep(0.05)
-
     def shard_pid(self):
         out = subprocess.run(["pgrep", "-f", f"sonde-shard .*{self.uds_prefix}-0"],
                              capture_output=True, text=True, check=False)
@@ -119,14 +103,11 @@ class Launched:
 def generating(server, n, run, within_s=60):
     """Starts `run(i)` for i < n, each in a thread, and returns the threads once the batch
     holds all n (generating, not queued): the moment a test of a fault or a signal means.
-    `server` is anything with `metrics()` (Launched, conftest's Server)."""
+    `server` is a `conftest.Scraped` (Launched, SondeServer)."""
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + within_s
-    while server.metrics().get("sonde_batch_current_size", 0) < n:
-        assert time.monotonic() < deadline, f"the {n} requests never all ran at once"
-        time.sleep(0.05)
+    server.wait_gauge("sonde_batch_current_size", n, within_s)
     return threads
 
 
