@@ -37,17 +37,27 @@ use crate::{ops, state, tokens, vertex};
 )]
 pub struct ApiDoc;
 
-/// Answers that come from the layers every route shares, not from its handler, so the
-/// handlers' annotations leave them out: the JSON body extractor (400, 413, 415), the API
-/// key (401), readiness (503), the concurrency limit (429) and a failed shard (424).
+/// Answers every route of a kind gives, listed here once so the handlers' annotations
+/// carry only their own success: the JSON body extractor and validation (400, 413, 415,
+/// 422), the API key (401), readiness (503), the concurrency limit (429) and a failed
+/// shard (424).
 struct SharedAnswers;
 
-const BODY: [(u16, &str); 3] = [
+const BODY: [(u16, &str); 4] = [
     (400, "malformed_json: the body is not valid JSON"),
-    (413, "payload_too_large: the body is over --payload-limit"),
+    (
+        413,
+        "payload_too_large: the body is over --payload-limit; response_too_large (Vertex \
+         predict): the answer would be over --max-response-bytes",
+    ),
     (
         415,
         "unsupported_media_type: the body is not sent as application/json",
+    ),
+    (
+        422,
+        "validation: a field is missing, of the wrong shape or out of its range; the message \
+         names it",
     ),
 ];
 const AUTH: (u16, &str) = (

@@ -11,7 +11,7 @@ use serde_json::Value;
 use sonde_proto::LogprobsMode;
 use utoipa::ToSchema;
 
-use crate::error::{ApiError, ErrorBody};
+use crate::error::ApiError;
 use crate::generation::{collect, TextTracker};
 use crate::invalid;
 use crate::json::ApiJson;
@@ -142,7 +142,7 @@ impl FieldNames for ScoreNames {
 
 /// The probabilities of label tokens after a query and each item (SGLang's scoring API).
 #[utoipa::path(post, path = "/v1/score", tag = "Scoring", request_body = ScoringRequest,
-    responses((status = 200, body = ScoringResponse), (status = 422, body = ErrorBody)))]
+    responses((status = 200, body = ScoringResponse)))]
 pub async fn score(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<ScoringRequest>,

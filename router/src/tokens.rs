@@ -60,8 +60,7 @@ pub enum TokenizeAnswer {
 /// The prompt's tokens as serving sees them (special tokens written in the text match).
 #[utoipa::path(post, path = "/tokenize", tag = "Ops", request_body = TokenizeRequest,
     responses((status = 200, body = TokenizeAnswer,
-               description = "`inputs`: a list of SimpleToken; `prompt`: a TokenizeResponse"),
-              (status = 422, body = ErrorBody)))]
+               description = "`inputs`: a list of SimpleToken; `prompt`: a TokenizeResponse")))]
 pub async fn tokenize(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<TokenizeRequest>,
@@ -140,7 +139,7 @@ pub struct DetokenizeResponse {
 
 /// vLLM's `/detokenize`: the text of token ids.
 #[utoipa::path(post, path = "/detokenize", tag = "Ops", request_body = DetokenizeRequest,
-    responses((status = 200, body = DetokenizeResponse), (status = 422, body = ErrorBody)))]
+    responses((status = 200, body = DetokenizeResponse)))]
 pub async fn detokenize(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<DetokenizeRequest>,

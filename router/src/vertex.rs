@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::error::{ApiError, ErrorBody};
+use crate::error::ApiError;
 use crate::invalid;
 use crate::json::{from_value, ApiJson};
 use crate::openai::types::{ChatRequest, CompletionRequest};
@@ -45,8 +45,7 @@ pub struct PredictResponse {
 
 /// Vertex AI's predict route (also `$AIP_PREDICT_ROUTE`).
 #[utoipa::path(post, path = "/vertex", tag = "Vertex AI", request_body = PredictRequest,
-    responses((status = 200, body = PredictResponse), (status = 413, body = ErrorBody),
-              (status = 422, body = ErrorBody), (status = 424, body = ErrorBody)))]
+    responses((status = 200, body = PredictResponse)))]
 pub async fn predict(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<PredictRequest>,

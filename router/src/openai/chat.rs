@@ -15,10 +15,10 @@ use super::types::{
     ChatResponse, ChatTokenLogprob, TopLogprob, Usage,
 };
 use super::{
-    choice_stream, finish_reason, header, merge_choices, usage, ChatNames, ChoiceStream, Counts,
-    Shared,
+    choice_stream, finish_reason, generation_route, header, merge_choices, usage, usage_chunk,
+    ChatNames, ChoiceStream, Counts,
 };
-use crate::error::{ApiError, ErrorBody};
+use crate::error::ApiError;
 use crate::generation::{collect, json_logprob, steps, Step, TextTracker};
 use crate::infer::TokenScore;
 use crate::invalid;
@@ -28,23 +28,11 @@ use crate::sse::{json_event, sse};
 use crate::state::{AppState, Ready};
 use crate::validation::ValidGenerate;
 
-/// OpenAI chat completions, with `logprobs` and `top_logprobs`.
-#[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI", request_body = ChatRequest,
-    responses((status = 200, description = "the answer, or with `stream: true` a text/event-stream of ChatChunk",
-               content((ChatResponse = "application/json"), (ChatChunk = "text/event-stream"))),
-              (status = 422, body = ErrorBody)))]
-pub async fn chat_completions(
-    State(state): State<AppState>,
-    ApiJson(req): ApiJson<ChatRequest>,
-) -> Result<Response, ApiError> {
-    let ready = state.ready()?;
-    let streamed = req.stream;
-    let prepared = prepare(ready, req).await?;
-    let permit = state.permit(prepared.generations())?;
-    if streamed {
-        return stream(ready, prepared, permit);
-    }
-    Ok(Json(run(ready, prepared).await?).into_response())
+generation_route! {
+    /// OpenAI chat completions, with `logprobs` and `top_logprobs`.
+    chat_completions, "/v1/chat/completions", ChatRequest,
+    "the answer, or with `stream: true` a text/event-stream of ChatChunk",
+    ChatResponse, ChatChunk
 }
 
 pub(crate) struct Prepared {
@@ -63,17 +51,8 @@ impl Prepared {
 }
 
 /// Checks and validates a request (also a Vertex instance, which must not stream).
-pub(crate) async fn prepare(ready: &Ready, req: ChatRequest) -> Result<Prepared, ApiError> {
-    let shared = Shared {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        n: req.n,
-        stop: req.stop,
-        seed: req.seed,
-        frequency_penalty: req.frequency_penalty,
-        presence_penalty: req.presence_penalty,
-        logit_bias: req.logit_bias,
-    };
+pub(crate) async fn prepare(ready: &Ready, mut req: ChatRequest) -> Result<Prepared, ApiError> {
+    let shared = req.take_shared();
     shared.check()?;
     if req.tools.as_ref().is_some_and(|t| !t.is_null())
         || req.tool_choice.as_ref().is_some_and(|t| !t.is_null())
@@ -251,11 +230,9 @@ fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Re
             ))
         })
         .collect();
-    let usage_chunk = p.include_usage.then(|| {
-        let response = response.clone();
-        Box::new(move |counts| {
-            json_event(&response(Vec::new(), Some(usage(prompt_tokens, counts))))
-        }) as Box<dyn FnOnce(Counts) -> Event + Send>
+    let closing = response.clone();
+    let usage_chunk = usage_chunk(p.include_usage, prompt_tokens, move |usage| {
+        closing(Vec::new(), usage)
     });
     let logprobs = p.logprobs;
     let chunk = move |index: u32, step: Step| {

@@ -1,7 +1,6 @@
 //! `/v1/completions`.
 
 use axum::extract::State;
-use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::future::try_join_all;
@@ -12,10 +11,10 @@ use super::types::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptInput, Usage,
 };
 use super::{
-    choice_stream, finish_reason, header, merge_choices, usage, ChoiceStream, CompletionNames,
-    Counts, Shared,
+    choice_stream, finish_reason, generation_route, header, merge_choices, usage, usage_chunk,
+    ChoiceStream, CompletionNames, Counts,
 };
-use crate::error::{ApiError, ErrorBody};
+use crate::error::ApiError;
 use crate::generation::{collect, json_logprob, steps, Step, TextTracker};
 use crate::infer::TokenScore;
 use crate::invalid;
@@ -25,24 +24,11 @@ use crate::sse::{json_event, sse};
 use crate::state::{AppState, Ready};
 use crate::validation::ValidGenerate;
 
-/// OpenAI completions, with `logprobs` (top-N per position) and `echo` (prompt scores).
-#[utoipa::path(post, path = "/v1/completions", tag = "OpenAI", request_body = CompletionRequest,
-    responses((status = 200, description = "the answer, or with `stream: true` a text/event-stream of CompletionResponse chunks",
-               content((CompletionResponse = "application/json"), (CompletionResponse = "text/event-stream"))),
-              (status = 422, body = ErrorBody)))]
-pub async fn completions(
-    State(state): State<AppState>,
-    ApiJson(req): ApiJson<CompletionRequest>,
-) -> Result<Response, ApiError> {
-    let ready = state.ready()?;
-    let streamed = req.stream;
-    let prepared = prepare(ready, req).await?;
-    if streamed {
-        let permit = state.permit(prepared.generations())?;
-        return stream(ready, prepared, permit);
-    }
-    let _permit = state.permit(prepared.generations())?;
-    Ok(Json(run(ready, prepared).await?).into_response())
+generation_route! {
+    /// OpenAI completions, with `logprobs` (top-N per position) and `echo` (prompt scores).
+    completions, "/v1/completions", CompletionRequest,
+    "the answer, or with `stream: true` a text/event-stream of CompletionResponse chunks",
+    CompletionResponse, CompletionResponse
 }
 
 pub(crate) struct Prepared {
@@ -62,18 +48,12 @@ impl Prepared {
 }
 
 /// Checks and validates a request (also a Vertex instance, which must not stream).
-pub(crate) async fn prepare(ready: &Ready, req: CompletionRequest) -> Result<Prepared, ApiError> {
+pub(crate) async fn prepare(
+    ready: &Ready,
+    mut req: CompletionRequest,
+) -> Result<Prepared, ApiError> {
     let max_tokens = check(&req, ready.validator.limits().enable_prefill_logprobs)?;
-    let shared = Shared {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        n: req.n,
-        stop: req.stop,
-        seed: req.seed,
-        frequency_penalty: req.frequency_penalty,
-        presence_penalty: req.presence_penalty,
-        logit_bias: req.logit_bias,
-    };
+    let shared = req.take_shared();
     shared.check()?;
     let prompts: Vec<Prompt> = match req.prompt {
         PromptInput::Texts(texts) => texts
@@ -285,11 +265,9 @@ fn stream(ready: &Ready, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Re
         choices,
         usage,
     };
-    let usage_chunk = p.include_usage.then(|| {
-        let response = response.clone();
-        Box::new(move |counts| {
-            json_event(&response(Vec::new(), Some(usage(prompt_tokens, counts))))
-        }) as Box<dyn FnOnce(Counts) -> Event + Send>
+    let closing = response.clone();
+    let usage_chunk = usage_chunk(p.include_usage, prompt_tokens, move |usage| {
+        closing(Vec::new(), usage)
     });
     let logprobs = p.logprobs;
     let chunk = move |index: u32, step: Step| {

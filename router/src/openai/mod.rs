@@ -28,9 +28,37 @@ use crate::generation::Step;
 use crate::infer::FinishReason;
 use crate::invalid;
 use crate::request::{Field, FieldNames, GenerationSpec, Prompt, SamplingSpec};
-use crate::sse::{done_event, sse_error};
+use crate::sse::{done_event, json_event, sse_error};
 use crate::state::AppState;
 use types::{Header, Model, ModelList, PromptTokensDetails, StringOrList, Usage};
+
+/// Declares one of the two OpenAI generation routes. Both answer the same way and differ
+/// only in their types: check and prepare the request (the module's `prepare`), take one
+/// concurrency permit per choice, then stream chunks (`stream`) or answer once (`run`).
+macro_rules! generation_route {
+    ($(#[$doc:meta])* $name:ident, $path:tt, $request:ty, $described:tt, $answer:ty, $chunk:ty) => {
+        $(#[$doc])*
+        #[utoipa::path(post, path = $path, tag = "OpenAI", request_body = $request,
+            responses((status = 200, description = $described,
+                       content(($answer = "application/json"), ($chunk = "text/event-stream")))))]
+        pub async fn $name(
+            State(state): State<AppState>,
+            ApiJson(req): ApiJson<$request>,
+        ) -> Result<Response, ApiError> {
+            let ready = state.ready()?;
+            let streamed = req.stream;
+            let prepared = prepare(ready, req).await?;
+            let permit = state.permit(prepared.generations())?;
+            if streamed {
+                return stream(ready, prepared, permit);
+            }
+            let answer = run(ready, prepared).await?;
+            drop(permit);
+            Ok(Json(answer).into_response())
+        }
+    };
+}
+pub(crate) use generation_route;
 
 /// The fields completions and chat share, checked with OpenAI's names.
 pub(crate) struct Shared {
@@ -95,7 +123,7 @@ impl Shared {
 }
 
 /// `/v1/completions`' names for the fields it has.
-pub(crate) struct CompletionNames;
+pub struct CompletionNames;
 
 impl FieldNames for CompletionNames {
     fn name(&self, field: Field) -> Option<&'static str> {
@@ -104,7 +132,7 @@ impl FieldNames for CompletionNames {
 }
 
 /// `/v1/chat/completions`' names for the fields it has.
-pub(crate) struct ChatNames;
+pub struct ChatNames;
 
 impl FieldNames for ChatNames {
     fn name(&self, field: Field) -> Option<&'static str> {
@@ -168,6 +196,20 @@ pub(crate) struct Counts {
     pub cached: u32,
 }
 
+/// The stream's closing chunk, which carries `usage`, given the counts at the end.
+pub(crate) type UsageChunk = Box<dyn FnOnce(Counts) -> Event + Send>;
+
+/// The closing chunk when the client asked for it (`stream_options.include_usage`):
+/// `response` makes a chunk with no choices around the usage.
+pub(crate) fn usage_chunk<R: serde::Serialize>(
+    include_usage: bool,
+    prompt_tokens: u32,
+    response: impl FnOnce(Option<Usage>) -> R + Send + 'static,
+) -> Option<UsageChunk> {
+    let chunk = move |counts| json_event(&response(Some(usage(prompt_tokens, counts))));
+    include_usage.then(|| Box::new(chunk) as UsageChunk)
+}
+
 /// Merges the choices of one request into one SSE stream: `chunk` writes each token's
 /// event; the first error becomes an error event (the other choices failed alike); then
 /// the usage chunk when asked for (`usage_chunk` gets the counts) and
@@ -175,7 +217,7 @@ pub(crate) struct Counts {
 pub(crate) fn merge_choices(
     choices: Vec<ChoiceStream>,
     mut chunk: impl FnMut(u32, Step) -> Event + Send + 'static,
-    usage_chunk: Option<Box<dyn FnOnce(Counts) -> Event + Send>>,
+    usage_chunk: Option<UsageChunk>,
     permit: OwnedSemaphorePermit,
 ) -> impl Stream<Item = Event> + Send {
     let generated = Arc::new(AtomicU32::new(0));

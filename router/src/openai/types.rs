@@ -112,77 +112,91 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-#[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CompletionRequest {
-    /// A string, a list of strings, a list of token ids or a list of token-id lists: one
-    /// choice per prompt (times `n`), in order. Token ids are taken as they are (no BOS
-    /// added).
-    #[schema(schema_with = prompt_schema)]
-    pub prompt: PromptInput,
-    /// Default 16 (OpenAI's); 0 with `echo` and `logprobs` scores the prompt.
-    pub max_tokens: Option<i64>,
-    /// Top alternatives per position (0 = only the chosen token's logprob).
-    pub logprobs: Option<i64>,
-    /// Prepend the prompt (and with `logprobs`, its scores: needs --enable-prefill-logprobs).
-    #[serde(default)]
-    pub echo: bool,
-    /// Only 1 is supported.
-    pub best_of: Option<i64>,
-    // Flattened common fields are listed one by one: serde's `deny_unknown_fields`
-    // does not work together with `flatten`.
-    pub model: Option<String>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub n: Option<i64>,
-    #[serde(default)]
-    pub stream: bool,
-    pub stream_options: Option<StreamOptions>,
-    #[schema(value_type = Option<Vec<String>>)]
-    pub stop: Option<StringOrList>,
-    pub seed: Option<u64>,
-    pub frequency_penalty: Option<f64>,
-    pub presence_penalty: Option<f64>,
-    #[schema(value_type = Option<Object>)]
-    pub logit_bias: Option<Value>,
-    pub user: Option<String>,
-    pub suffix: Option<String>,
+/// Declares an OpenAI request with its own fields first, then the fields completions and
+/// chat share, and `take_shared` to check and convert those once (`super::Shared`). A
+/// macro rather than `#[serde(flatten)]`: serde's `deny_unknown_fields`, which names an
+/// unknown field back to the client, does not work together with `flatten`.
+macro_rules! openai_request {
+    ($(#[$meta:meta])* pub struct $name:ident { $($own:tt)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Deserialize, ToSchema)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $($own)*
+            pub model: Option<String>,
+            pub temperature: Option<f64>,
+            pub top_p: Option<f64>,
+            pub n: Option<i64>,
+            #[serde(default)]
+            pub stream: bool,
+            pub stream_options: Option<StreamOptions>,
+            #[schema(value_type = Option<Vec<String>>)]
+            pub stop: Option<StringOrList>,
+            pub seed: Option<u64>,
+            pub frequency_penalty: Option<f64>,
+            pub presence_penalty: Option<f64>,
+            #[schema(value_type = Option<Object>)]
+            pub logit_bias: Option<Value>,
+            pub user: Option<String>,
+        }
+
+        impl $name {
+            /// The shared sampling fields, moved out of the request.
+            pub(crate) fn take_shared(&mut self) -> super::Shared {
+                super::Shared {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    n: self.n,
+                    stop: self.stop.take(),
+                    seed: self.seed,
+                    frequency_penalty: self.frequency_penalty,
+                    presence_penalty: self.presence_penalty,
+                    logit_bias: self.logit_bias.take(),
+                }
+            }
+        }
+    };
 }
 
-#[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ChatRequest {
-    /// `[{"role", "content"}]`, rendered with the model's chat template.
-    #[schema(value_type = Vec<Object>)]
-    pub messages: Vec<Value>,
-    pub max_tokens: Option<i64>,
-    pub max_completion_tokens: Option<i64>,
-    /// Return the chosen tokens' logprobs.
-    #[serde(default)]
-    pub logprobs: bool,
-    /// Alternatives per position (needs `logprobs: true`).
-    pub top_logprobs: Option<i64>,
-    #[schema(value_type = Option<Object>)]
-    pub response_format: Option<Value>,
-    #[schema(value_type = Option<Vec<Object>>)]
-    pub tools: Option<Value>,
-    #[schema(value_type = Option<Object>)]
-    pub tool_choice: Option<Value>,
-    pub model: Option<String>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub n: Option<i64>,
-    #[serde(default)]
-    pub stream: bool,
-    pub stream_options: Option<StreamOptions>,
-    #[schema(value_type = Option<Vec<String>>)]
-    pub stop: Option<StringOrList>,
-    pub seed: Option<u64>,
-    pub frequency_penalty: Option<f64>,
-    pub presence_penalty: Option<f64>,
-    #[schema(value_type = Option<Object>)]
-    pub logit_bias: Option<Value>,
-    pub user: Option<String>,
+openai_request! {
+    pub struct CompletionRequest {
+        /// A string, a list of strings, a list of token ids or a list of token-id lists: one
+        /// choice per prompt (times `n`), in order. Token ids are taken as they are (no BOS
+        /// added).
+        #[schema(schema_with = prompt_schema)]
+        pub prompt: PromptInput,
+        /// Default 16 (OpenAI's); 0 with `echo` and `logprobs` scores the prompt.
+        pub max_tokens: Option<i64>,
+        /// Top alternatives per position (0 = only the chosen token's logprob).
+        pub logprobs: Option<i64>,
+        /// Prepend the prompt (and with `logprobs`, its scores: needs --enable-prefill-logprobs).
+        #[serde(default)]
+        pub echo: bool,
+        /// Only 1 is supported.
+        pub best_of: Option<i64>,
+        pub suffix: Option<String>,
+    }
+}
+
+openai_request! {
+    pub struct ChatRequest {
+        /// `[{"role", "content"}]`, rendered with the model's chat template.
+        #[schema(value_type = Vec<Object>)]
+        pub messages: Vec<Value>,
+        pub max_tokens: Option<i64>,
+        pub max_completion_tokens: Option<i64>,
+        /// Return the chosen tokens' logprobs.
+        #[serde(default)]
+        pub logprobs: bool,
+        /// Alternatives per position (needs `logprobs: true`).
+        pub top_logprobs: Option<i64>,
+        #[schema(value_type = Option<Object>)]
+        pub response_format: Option<Value>,
+        #[schema(value_type = Option<Vec<Object>>)]
+        pub tools: Option<Value>,
+        #[schema(value_type = Option<Object>)]
+        pub tool_choice: Option<Value>,
+    }
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

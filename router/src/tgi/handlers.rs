@@ -8,7 +8,7 @@ use futures::StreamExt;
 use super::convert;
 use super::respond::{self, Scorer};
 use super::types::{GenerateRequest, GenerateResponse, StreamResponse};
-use crate::error::{ApiError, ErrorBody};
+use crate::error::ApiError;
 use crate::generation::{steps, TextTracker};
 use crate::invalid;
 use crate::json::ApiJson;
@@ -17,8 +17,7 @@ use crate::state::AppState;
 
 /// Generate tokens, with their scores when asked.
 #[utoipa::path(post, path = "/generate", tag = "TGI", request_body = GenerateRequest,
-    responses((status = 200, body = GenerateResponse), (status = 422, body = ErrorBody),
-              (status = 424, body = ErrorBody), (status = 429, body = ErrorBody)))]
+    responses((status = 200, body = GenerateResponse)))]
 pub async fn generate(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<GenerateRequest>,
@@ -39,8 +38,7 @@ async fn generate_json(
 /// Generate tokens as Server-Sent Events, one per token; the last carries the text.
 #[utoipa::path(post, path = "/generate_stream", tag = "TGI", request_body = GenerateRequest,
     responses((status = 200, description = "text/event-stream of StreamResponse", body = StreamResponse,
-               content_type = "text/event-stream"),
-              (status = 422, body = ErrorBody), (status = 429, body = ErrorBody)))]
+               content_type = "text/event-stream")))]
 pub async fn generate_stream(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<GenerateRequest>,
@@ -51,8 +49,7 @@ pub async fn generate_stream(
 /// TGI's compat route: `stream: true` streams, else a JSON array with one answer.
 #[utoipa::path(post, path = "/", tag = "TGI", request_body = GenerateRequest,
     responses((status = 200, description = "one answer in an array, or with `stream: true` a text/event-stream of StreamResponse",
-               content((Vec<GenerateResponse> = "application/json"), (StreamResponse = "text/event-stream"))),
-              (status = 422, body = ErrorBody)))]
+               content((Vec<GenerateResponse> = "application/json"), (StreamResponse = "text/event-stream")))))]
 pub async fn compat(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<GenerateRequest>,
