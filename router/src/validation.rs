@@ -318,7 +318,3 @@ fn check_ids(field: Field, ids: &[i64], vocab: u32) -> Result<Vec<u32>, Violatio
         })
         .collect()
 }
-
-#[cfg(test)]
-#[path = "validation_tests.rs"]
-mod tests;

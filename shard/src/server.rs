@@ -142,7 +142,7 @@ impl TextGenerationService for Service {
     async fn prefill(
         &self,
         request: Request<pb::PrefillRequest>,
-    ) -> Result<Response<pb::PrefillResponse>, Status> {
+    ) -> Result<Response<pb::StepResponse>, Status> {
         let started = Instant::now();
         let batch = request
             .into_inner()
@@ -150,32 +150,17 @@ impl TextGenerationService for Service {
             .ok_or_else(|| Status::invalid_argument("PrefillRequest has no batch"))?;
         let batch = wire::batch(batch)?;
         let out = self.engine.call(|r| Command::Prefill(batch, r)).await?;
-        let (forward_ns, prefix) = (out.forward_ns, out.prefix);
-        let (generations, batch) = wire::step(out);
-        Ok(Response::new(pb::PrefillResponse {
-            generations,
-            batch,
-            forward_ns,
-            total_ns: started.elapsed().as_nanos() as u64,
-            prefix_cache: Some(wire::prefix_stats(prefix)),
-        }))
+        Ok(Response::new(wire::step(out, started.elapsed())))
     }
 
     async fn decode(
         &self,
         request: Request<pb::DecodeRequest>,
-    ) -> Result<Response<pb::DecodeResponse>, Status> {
+    ) -> Result<Response<pb::StepResponse>, Status> {
         let started = Instant::now();
         let ids = request.into_inner().batches.iter().map(|b| b.id).collect();
         let out = self.engine.call(|r| Command::Decode(ids, r)).await?;
-        let forward_ns = out.forward_ns;
-        let (generations, batch) = wire::step(out);
-        Ok(Response::new(pb::DecodeResponse {
-            generations,
-            batch,
-            forward_ns,
-            total_ns: started.elapsed().as_nanos() as u64,
-        }))
+        Ok(Response::new(wire::step(out, started.elapsed())))
     }
 
     async fn filter_batch(

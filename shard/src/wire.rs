@@ -1,6 +1,8 @@
 //! The engine's types to and from protobuf: the only place the shard reads or writes the
 //! wire's conventions (0 for an unset float, enums as integers, optional sub-messages).
 
+use std::time::Duration;
+
 use sonde_proto as pb;
 
 use crate::engine::types::{
@@ -70,12 +72,15 @@ pub fn cached(b: CachedBatch) -> pb::CachedBatch {
     }
 }
 
-/// A step's generations and the batch that goes on.
-pub fn step(out: StepOutput) -> (Vec<pb::Generation>, Option<pb::CachedBatch>) {
-    (
-        out.generations.into_iter().map(generation).collect(),
-        out.batch.map(cached),
-    )
+/// A step's generations, the batch that goes on, and how long the call took.
+pub fn step(out: StepOutput, total: Duration) -> pb::StepResponse {
+    pb::StepResponse {
+        generations: out.generations.into_iter().map(generation).collect(),
+        batch: out.batch.map(cached),
+        forward_ns: out.forward_ns,
+        total_ns: total.as_nanos() as u64,
+        prefix_cache: Some(prefix_stats(out.prefix)),
+    }
 }
 
 fn generation(g: Generation) -> pb::Generation {

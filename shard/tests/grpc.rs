@@ -10,10 +10,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{engine, gguf_path};
 use sonde_proto as pb;
 use sonde_proto::text_generation_service_client::TextGenerationServiceClient;
-use sonde_shard::engine::types::FinishReason;
 use sonde_shard::server::{serve, ServeConfig};
 use sonde_tokenizer::ModelTokenizer;
 use tokio::sync::oneshot;
@@ -26,6 +25,64 @@ type Client = TextGenerationServiceClient<Channel>;
 const VOCAB: u32 = 49_152;
 const CHAT_PROMPT: &str =
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
+
+/// A request as the router's client sends it: greedy, no scores, every unset field "off".
+#[derive(Clone)]
+struct Req(pb::Request);
+
+impl Req {
+    fn new(id: u64, ids: &[u32], max_new_tokens: u32) -> Self {
+        let stopping = pb::StoppingParameters {
+            max_new_tokens,
+            ..Default::default()
+        };
+        Req(pb::Request {
+            id,
+            input_ids: ids.to_vec(),
+            stopping: Some(stopping),
+            ..Default::default()
+        })
+    }
+    fn scores(mut self, f: impl FnOnce(&mut pb::ScoreOptions)) -> Self {
+        f(self.0.scores.get_or_insert_default());
+        self
+    }
+    fn sampling(mut self, f: impl FnOnce(&mut pb::SamplingParameters)) -> Self {
+        f(self.0.sampling.get_or_insert_default());
+        self
+    }
+    fn ignore_eos(mut self) -> Self {
+        self.0.stopping.get_or_insert_default().ignore_eos_token = true;
+        self
+    }
+}
+
+/// What the shard said about one request, in its protobuf form.
+#[derive(Default, Debug)]
+struct Outcome {
+    prefill: Vec<pb::TokenScores>,
+    tokens: Vec<pb::TokenScores>,
+    finish_reason: Option<pb::FinishReason>,
+}
+
+impl Outcome {
+    fn ids(&self) -> Vec<u32> {
+        self.tokens.iter().map(|t| t.id).collect()
+    }
+}
+
+/// Adds one step's generations to what each request said so far.
+fn absorb_proto(out: &mut HashMap<u64, Outcome>, generations: Vec<pb::Generation>) {
+    for g in generations {
+        let said = out.entry(g.request_id).or_default();
+        said.prefill.extend(g.prefill);
+        said.tokens.extend(g.token);
+        if let Some(f) = g.finish_reason {
+            let known = pb::FinishReason::try_from(f);
+            said.finish_reason = Some(known.unwrap_or_else(|_| panic!("finish reason {f}")));
+        }
+    }
+}
 
 /// A shard served on a socket in its own temp dir; stopped and cleaned up on drop.
 struct Shard {
@@ -82,7 +139,7 @@ impl Shard {
         &mut self,
         id: u64,
         reqs: Vec<Req>,
-    ) -> Result<pb::PrefillResponse, tonic::Status> {
+    ) -> Result<pb::StepResponse, tonic::Status> {
         self.client
             .prefill(pb::PrefillRequest {
                 batch: Some(batch(id, reqs)),
@@ -94,7 +151,7 @@ impl Shard {
     async fn decode(
         &mut self,
         batches: Vec<pb::CachedBatch>,
-    ) -> Result<pb::DecodeResponse, tonic::Status> {
+    ) -> Result<pb::StepResponse, tonic::Status> {
         self.client
             .decode(pb::DecodeRequest { batches })
             .await
@@ -146,7 +203,7 @@ impl Shard {
             2,
             "after an error the shard no longer serves"
         );
-        assert_eq!(out.finish_reason, Some(FinishReason::Length));
+        assert_eq!(out.finish_reason, Some(pb::FinishReason::Length));
     }
 }
 
@@ -163,7 +220,7 @@ impl Drop for Shard {
 fn batch(id: u64, reqs: Vec<Req>) -> pb::Batch {
     pb::Batch {
         id,
-        requests: reqs.iter().map(|r| to_proto(&r.0)).collect(),
+        requests: reqs.into_iter().map(|r| r.0).collect(),
     }
 }
 
@@ -214,7 +271,7 @@ async fn greedy_chat_over_grpc_names_paris_and_stops_on_eos() {
     assert!(text.contains("Paris"), "{text:?}");
     assert_eq!(
         out.finish_reason,
-        Some(FinishReason::EosToken),
+        Some(pb::FinishReason::EosToken),
         "{} tokens: {text:?}",
         out.tokens.len()
     );

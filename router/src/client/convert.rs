@@ -45,20 +45,16 @@ pub(super) fn cached_to_proto(b: CachedBatch) -> pb::CachedBatch {
     }
 }
 
-pub(super) fn step(
-    generations: Vec<pb::Generation>,
-    batch: Option<pb::CachedBatch>,
-    forward_ns: u64,
-) -> StepOutput {
+pub(super) fn step(s: pb::StepResponse) -> StepOutput {
     StepOutput {
-        generations: generations.into_iter().map(generation).collect(),
-        batch: batch.map(cached),
-        forward_ns,
-        prefix_cache: None,
+        generations: s.generations.into_iter().map(generation).collect(),
+        batch: s.batch.map(cached),
+        forward_ns: s.forward_ns,
+        prefix_cache: s.prefix_cache.map(prefix_cache),
     }
 }
 
-pub(super) fn prefix_cache(s: pb::PrefixCacheStats) -> PrefixCacheStats {
+fn prefix_cache(s: pb::PrefixCacheStats) -> PrefixCacheStats {
     PrefixCacheStats {
         hit_tokens: s.hit_tokens,
         evicted_tokens: s.evicted_tokens,

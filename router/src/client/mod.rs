@@ -131,9 +131,7 @@ impl Shard for ShardClients {
                 async move { c.prefill(pb::PrefillRequest { batch: Some(batch) }).await }
             })
             .await?;
-        let mut out = convert::step(answer.generations, answer.batch, answer.forward_ns);
-        out.prefix_cache = answer.prefix_cache.map(convert::prefix_cache);
-        Ok(out)
+        Ok(convert::step(answer))
     }
 
     async fn decode(&self, batches: Vec<CachedBatch>) -> Result<StepOutput, ClientError> {
@@ -145,11 +143,7 @@ impl Shard for ShardClients {
                 async move { c.decode(pb::DecodeRequest { batches }).await }
             })
             .await?;
-        Ok(convert::step(
-            answer.generations,
-            answer.batch,
-            answer.forward_ns,
-        ))
+        Ok(convert::step(answer))
     }
 
     async fn filter(

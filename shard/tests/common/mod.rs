@@ -5,10 +5,9 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use sonde_proto as pb;
 use sonde_proto::WeightQuant;
 use sonde_shard::engine::types::{
-    Batch, FinishReason, Generation, Request, ScoreOptions, TokenScore, TopToken,
+    Batch, FinishReason, Generation, Request, ScoreOptions, TokenScore,
 };
 use sonde_shard::engine::{Engine, EngineConfig};
 use sonde_shard::loader::{self, LoadOptions};
@@ -107,72 +106,6 @@ pub fn absorb(out: &mut HashMap<u64, Outcome>, generations: Vec<Generation>) {
             o.finish_reason = g.finish_reason;
         }
     }
-}
-
-/// The protobuf form of a request, for the tests that drive the shard over gRPC (as the
-/// router's client does).
-pub fn to_proto(r: &Request) -> pb::Request {
-    let s = &r.sampling;
-    pb::Request {
-        id: r.id,
-        input_ids: r.input_ids.clone(),
-        sampling: Some(pb::SamplingParameters {
-            do_sample: s.do_sample,
-            temperature: s.temperature,
-            top_k: s.top_k,
-            top_p: s.top_p,
-            typical_p: s.typical_p,
-            repetition_penalty: s.repetition_penalty,
-            frequency_penalty: s.frequency_penalty,
-            seed: s.seed,
-        }),
-        stopping: Some(pb::StoppingParameters {
-            max_new_tokens: r.stopping.max_new_tokens,
-            stop_token_ids: r.stopping.stop_token_ids.clone(),
-            ignore_eos_token: r.stopping.ignore_eos_token,
-        }),
-        scores: Some(pb::ScoreOptions {
-            top_n_tokens: r.scores.top_n_tokens,
-            prefill_logprobs: r.scores.prefill_logprobs,
-            logprobs_mode: r.scores.logprobs_mode as i32,
-            return_logits: r.scores.return_logits,
-            logprob_token_ids: r.scores.logprob_token_ids.clone(),
-        }),
-    }
-}
-
-/// Collects generations that came over gRPC into per-request outcomes.
-pub fn absorb_proto(out: &mut HashMap<u64, Outcome>, generations: Vec<pb::Generation>) {
-    let score = |t: pb::TokenScores| TokenScore {
-        id: t.id,
-        logprob: t.logprob,
-        logit: t.logit,
-        rank: t.rank,
-        top_tokens: t
-            .top_tokens
-            .into_iter()
-            .map(|t| TopToken {
-                id: t.id,
-                logprob: t.logprob,
-            })
-            .collect(),
-        label_logprobs: t.label_logprobs,
-    };
-    let finish = |f: i32| match pb::FinishReason::try_from(f) {
-        Ok(pb::FinishReason::Length) => Some(FinishReason::Length),
-        Ok(pb::FinishReason::EosToken) => Some(FinishReason::EosToken),
-        Ok(pb::FinishReason::StopToken) => Some(FinishReason::StopToken),
-        _ => panic!("finish reason {f} is not one the shard sends"),
-    };
-    let generations = generations.into_iter().map(|g| Generation {
-        request_id: g.request_id,
-        prefill: g.prefill.into_iter().map(score).collect(),
-        token: g.token.map(score),
-        finish_reason: g.finish_reason.and_then(finish),
-        generated_tokens: g.generated_tokens,
-        cached_prompt_tokens: g.cached_prompt_tokens,
-    });
-    absorb(out, generations.collect());
 }
 
 /// Prefills `requests` as one batch and decodes until every request finished.
