@@ -43,8 +43,9 @@
 //! dequantized weight vector feeds `R` FMAs, each activation (broadcast from memory)
 //! `C`, and the `R * C` accumulators are independent FMA chains (AVX-512: 8 rows x 2
 //! tiles, a single row 8 tiles; AVX2+FMA: 2 x 2, one row 4 tiles). Rows go in L2-sized
-//! pieces; threads (rayon; small products stay on the calling thread) take ranges of
-//! tile columns and write their sums straight into the output rows. The kernel is
+//! pieces; threads (`team`: the caller and helpers that spin briefly between products;
+//! small products stay on the calling thread) take ranges of tile columns and write their
+//! sums straight into the output rows. The kernel is
 //! written once, generic over a 16-lane vector type (`simd`), and instantiated inside
 //! `#[target_feature]` functions chosen once per process at run time, so the default
 //! x86-64 build still gets wide vectors; everything below those functions must inline
@@ -54,18 +55,20 @@
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Storage, Tensor};
-use rayon::prelude::*;
 
 mod blocks;
 mod formats;
 mod kernel;
 mod simd;
+mod tasks;
+mod team;
 #[cfg(test)]
 mod tests;
 
-use blocks::{Tile, TileColumns, TILE};
+use blocks::TILE;
 use formats::Tiles;
-use kernel::{columns, isa, Isa};
+use kernel::isa;
+use tasks::products;
 
 /// f32 lanes of the kernel's vectors: one per column of a tile.
 const LANES: usize = 16;
@@ -178,6 +181,15 @@ impl CpuQuantMatrix {
     /// `xs`: f32 CPU tensor `[.., k]` (usually `[m, k]`) → `[.., n]`, i.e. `xs @ W^T`.
     /// Row `r` of the result depends on row `r` of `xs` only, bit for bit.
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        let [y] = Self::forward_same([self], xs)?;
+        Ok(y)
+    }
+
+    /// The products of several matrices with the same input (q, k and v; gate and up),
+    /// each exactly as [`CpuQuantMatrix::forward`] computes it, run as one job for the
+    /// threads: at one row the small products (k and v) are a single task each, which
+    /// alone would leave the other threads idle.
+    pub fn forward_same<const N: usize>(ms: [&Self; N], xs: &Tensor) -> Result<[Tensor; N]> {
         if !xs.device().is_cpu() {
             candle_core::bail!("CpuQuantMatrix::forward: input is on {:?}", xs.device());
         }
@@ -190,17 +202,14 @@ impl CpuQuantMatrix {
         let Some((&k, lead)) = xs.dims().split_last() else {
             candle_core::bail!("CpuQuantMatrix::forward: scalar input");
         };
-        if k != self.k {
+        if let Some(m) = ms.iter().find(|m| m.k != k) {
             candle_core::bail!(
                 "CpuQuantMatrix::forward: input has {k} features, the {}x{} matrix wants {}",
-                self.n,
-                self.k,
-                self.k
+                m.n,
+                m.k,
+                m.k
             );
         }
-        let mut out_shape = lead.to_vec();
-        out_shape.push(self.n);
-
         let xs = xs.contiguous()?;
         let (storage, layout) = xs.storage_and_layout();
         let Storage::Cpu(cpu) = &*storage else {
@@ -212,85 +221,21 @@ impl CpuQuantMatrix {
         else {
             candle_core::bail!("CpuQuantMatrix::forward: cannot read the input as f32");
         };
-        let out = self.matmul(x, isa(), None);
+        let outs = products(ms, x, isa(), None);
         drop(storage);
-        Tensor::from_vec(out, out_shape, &Device::Cpu)
-    }
-
-    /// `x`: rows of `k` → as many rows of `n`, row-major. `cols_per_task` overrides the
-    /// split (tests use it to show the split changes nothing).
-    fn matmul(&self, x: &[f32], isa: Isa, cols_per_task: Option<usize>) -> Vec<f32> {
-        let n = self.n;
-        let m = x.len() / self.k;
-        debug_assert_eq!(x.len(), m * self.k);
-        let mut out = vec![0f32; m * n];
-        if m == 0 || n == 0 {
-            return out;
+        let mut ys = Vec::with_capacity(N);
+        for (m, out) in ms.iter().zip(outs) {
+            let mut shape = lead.to_vec();
+            shape.push(m.n);
+            ys.push(Tensor::from_vec(out, shape, &Device::Cpu)?);
         }
-        // Tasks start on tile boundaries.
-        let cols = cols_per_task
-            .unwrap_or_else(|| self.cols_per_task(m))
-            .max(1)
-            .next_multiple_of(TILE);
-        // Task `t` computes the columns `t*cols ..` of every row: it gets those `m`
-        // pieces of `out` and writes the sums straight into them.
-        let mut tasks: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(cols))
-            .map(|_| Vec::with_capacity(m))
-            .collect();
-        for row in out.chunks_mut(n) {
-            for (task, piece) in tasks.iter_mut().zip(row.chunks_mut(cols)) {
-                task.push(piece);
-            }
-        }
-        let work = Work {
-            x,
-            k: self.k,
-            cols,
-            tasks,
-        };
-        self.tiles.run(work, isa);
-        out
-    }
-
-    /// Columns per task: as many tasks as the work is worth (`MIN_TASK_MACS` each), at
-    /// most `TASKS_PER_THREAD` per thread, and from one per thread up a multiple of the
-    /// thread count, so every thread gets the same share. Affects speed only.
-    fn cols_per_task(&self, m: usize) -> usize {
-        let threads = rayon::current_num_threads();
-        let worth = m * self.k * self.n / MIN_TASK_MACS;
-        let mut tasks = worth.clamp(1, threads * TASKS_PER_THREAD);
-        if tasks > threads {
-            tasks -= tasks % threads;
-        }
-        self.n.div_ceil(tasks).next_multiple_of(COL_ALIGN)
+        ys.try_into().map_err(|_| {
+            candle_core::Error::Msg("CpuQuantMatrix::forward_same: lost a product".into())
+        })
     }
 }
 
 /// The little-endian bytes of `values`.
 fn le_bytes<T, const N: usize>(values: Vec<T>, f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
     values.into_iter().flat_map(f).collect()
-}
-
-/// A product split into column tasks: task `t` computes the columns `t*cols ..` (a
-/// multiple of 16) of every row of `x` (`k` inputs each) into its pieces of the output
-/// rows.
-pub(super) struct Work<'a> {
-    x: &'a [f32],
-    k: usize,
-    cols: usize,
-    tasks: Vec<Vec<&'a mut [f32]>>,
-}
-
-/// Runs the tasks against the tile columns of `m`, in parallel when there is more than one.
-fn run_tasks<T: Tile>(m: TileColumns<T>, work: Work, isa: Isa) {
-    let (x, cols) = (work.x, work.cols);
-    let task = |(t, mut rows): (usize, Vec<&mut [f32]>)| {
-        let (g0, gs) = (t * cols / TILE, rows[0].len().div_ceil(TILE));
-        columns(TileColumns::all(m.group(g0, gs), m.nb), x, &mut rows, isa);
-    };
-    if work.tasks.len() == 1 {
-        work.tasks.into_iter().enumerate().for_each(task);
-    } else {
-        work.tasks.into_par_iter().enumerate().for_each(task);
-    }
 }

@@ -200,7 +200,10 @@ impl Model {
         let n = h.dim(0)?;
         let shape = layer.attn.shape;
         let (q, k, v) = match &layer.qkv {
-            Qkv::Separate { q, k, v } => (q.forward(h)?, k.forward(h)?, v.forward(h)?),
+            Qkv::Separate { q, k, v } => {
+                let [q, k, v] = Linear::forward_same([q, k, v], h)?;
+                (q, k, v)
+            }
             Qkv::Fused(qkv) => {
                 let y = qkv.forward(h)?;
                 let (qw, kw) = (self.spec.q_width(), self.spec.kv_width());
@@ -253,7 +256,10 @@ fn apply_norm(norm: Option<&RmsNorm>, xs: Tensor) -> Result<Tensor> {
 
 fn mlp(layer: &Layer, activation: Activation, h: &Tensor) -> Result<Tensor> {
     let hidden = match &layer.gate_up {
-        GateUp::Separate { gate, up } => gated(activation, &gate.forward(h)?, &up.forward(h)?)?,
+        GateUp::Separate { gate, up } => {
+            let [gate, up] = Linear::forward_same([gate, up], h)?;
+            gated(activation, &gate, &up)?
+        }
         GateUp::Fused(gate_up) => {
             let y = gate_up.forward(h)?;
             let n = y.dim(1)? / 2;

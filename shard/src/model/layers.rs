@@ -57,11 +57,42 @@ impl Linear {
             Kernel::Host(m) => m.forward(xs)?,
             Kernel::Candle(w) => w.forward(xs)?,
         };
+        self.add_bias(ys)
+    }
+
+    /// Several projections of the same input (q, k, v; gate, up), each as
+    /// [`Linear::forward`] computes it: on the CPU as one job for the threads
+    /// ([`CpuQuantMatrix::forward_same`]), elsewhere one after the other.
+    pub fn forward_same<const N: usize>(linears: [&Linear; N], xs: &Tensor) -> Result<[Tensor; N]> {
+        let hosts: Option<Vec<&CpuQuantMatrix>> = linears
+            .iter()
+            .map(|l| match &l.kernel {
+                Kernel::Host(m) => Some(&**m),
+                Kernel::Candle(_) => None,
+            })
+            .collect();
+        let Some(Ok(ms)) = hosts.map(<[&CpuQuantMatrix; N]>::try_from) else {
+            return candle_core::Result::from_iter(linears.map(|l| l.forward(xs)))
+                .and_then(|ys: Vec<Tensor>| array(ys));
+        };
+        let ys = CpuQuantMatrix::forward_same(ms, xs)?;
+        let ys: Result<Vec<Tensor>> = linears.iter().zip(ys).map(|(l, y)| l.add_bias(y)).collect();
+        array(ys?)
+    }
+
+    fn add_bias(&self, ys: Tensor) -> Result<Tensor> {
         match &self.bias {
             Some(b) => ys.broadcast_add(b),
             None => Ok(ys),
         }
     }
+}
+
+/// `N` tensors as an array.
+fn array<const N: usize>(ys: Vec<Tensor>) -> Result<[Tensor; N]> {
+    let got = ys.len();
+    ys.try_into()
+        .map_err(|_| candle_core::Error::Msg(format!("{got} products where {N} were asked")))
 }
 
 /// The token embedding table, optionally scaled (Gemma).

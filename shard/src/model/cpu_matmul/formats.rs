@@ -7,7 +7,7 @@ use super::blocks::{
     tiles, Bf16, Tile, TileColumns, F16, F32, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, TILE,
 };
 use super::kernel::{self, Isa};
-use super::{run_tasks, Work};
+use super::tasks::{run_task, Task};
 
 /// A matrix's tiles, one variant per format.
 #[derive(Clone)]
@@ -141,9 +141,9 @@ impl Tiles {
         }
     }
 
-    /// Runs the column tasks of a product (see [`run_tasks`]).
-    pub(super) fn run(&self, work: Work, isa: Isa) {
-        each!(self, t: T => run_tasks(TileColumns::all(t, work.k / T::INPUTS), work, isa))
+    /// Runs one column task of a product with input rows `x` (see [`run_task`]).
+    pub(super) fn run(&self, x: &[f32], task: Task, isa: Isa) {
+        each!(self, t: T => run_task(TileColumns::all(t, task.k / T::INPUTS), x, task, isa))
     }
 
     /// Weight row `i` into `out` (`k` values), with the kernel variant `isa`.

@@ -1,4 +1,5 @@
 use super::*;
+use kernel::Isa;
 #[cfg(target_arch = "x86_64")]
 use simd::{Avx2, Avx512};
 

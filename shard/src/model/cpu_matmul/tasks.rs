@@ -1,0 +1,132 @@
+//! A product as column tasks, and several products over the same input as one job for the
+//! threads (`team`). How the columns are split affects speed only: each output is
+//! computed whole by one task (see the module docs).
+
+use super::blocks::{Tile, TileColumns, TILE};
+use super::formats::Tiles;
+use super::kernel::{columns, Isa};
+use super::team::Team;
+use super::{CpuQuantMatrix, COL_ALIGN, MIN_TASK_MACS, TASKS_PER_THREAD};
+
+impl CpuQuantMatrix {
+    /// `x`: rows of `k` → as many rows of `n`, row-major. `cols_per_task` overrides the
+    /// split (tests use it to show the split changes nothing).
+    #[cfg(test)]
+    pub(super) fn matmul(&self, x: &[f32], isa: Isa, cols_per_task: Option<usize>) -> Vec<f32> {
+        let [y] = products([self], x, isa, cols_per_task);
+        y
+    }
+
+    /// Splits this product of `m` rows into column tasks over `out` (`m` rows of `n`):
+    /// task `t` computes the columns `t*cols ..` of every row and gets those `m` pieces
+    /// of `out` to write the sums straight into.
+    fn tasks<'a>(&'a self, out: &'a mut [f32], m: usize, cols: Option<usize>) -> Vec<Piece<'a>> {
+        // Tasks start on tile boundaries.
+        let cols = cols
+            .unwrap_or_else(|| self.cols_per_task(m))
+            .max(1)
+            .next_multiple_of(TILE);
+        let mut rows: Vec<Vec<&mut [f32]>> = (0..self.n.div_ceil(cols))
+            .map(|_| Vec::with_capacity(m))
+            .collect();
+        for row in out.chunks_mut(self.n) {
+            for (task, piece) in rows.iter_mut().zip(row.chunks_mut(cols)) {
+                task.push(piece);
+            }
+        }
+        rows.into_iter()
+            .enumerate()
+            .map(|(t, rows)| Piece {
+                tiles: &self.tiles,
+                task: Task {
+                    k: self.k,
+                    cols,
+                    t,
+                    rows,
+                },
+            })
+            .collect()
+    }
+
+    /// Columns per task: as many tasks as the work is worth (`MIN_TASK_MACS` each), at
+    /// most `TASKS_PER_THREAD` per thread, and from one per thread up a multiple of the
+    /// thread count, so every thread gets the same share. Affects speed only.
+    fn cols_per_task(&self, m: usize) -> usize {
+        let threads = rayon::current_num_threads();
+        let worth = m * self.k * self.n / MIN_TASK_MACS;
+        let mut tasks = worth.clamp(1, threads * TASKS_PER_THREAD);
+        if tasks > threads {
+            tasks -= tasks % threads;
+        }
+        self.n.div_ceil(tasks).next_multiple_of(COL_ALIGN)
+    }
+}
+
+/// `x @ W^T` for each matrix of `ms` (all with the same `k`), their column tasks run as
+/// one job.
+pub(super) fn products<const N: usize>(
+    ms: [&CpuQuantMatrix; N],
+    x: &[f32],
+    isa: Isa,
+    cols: Option<usize>,
+) -> [Vec<f32>; N] {
+    let m = x.len() / ms.first().map_or(1, |mat| mat.k.max(1));
+    let mut outs: [Vec<f32>; N] = std::array::from_fn(|i| vec![0f32; m * ms[i].n]);
+    if m == 0 {
+        return outs;
+    }
+    let pieces: Vec<Piece> = ms
+        .iter()
+        .zip(outs.iter_mut())
+        .filter(|(mat, _)| mat.n > 0)
+        .flat_map(|(mat, out)| mat.tasks(out, m, cols))
+        .collect();
+    run_pieces(x, pieces, isa);
+    outs
+}
+
+/// One column task of a product: the columns `t*cols ..` (a multiple of 16) of every row
+/// of the input (`k` inputs each), into `rows`, its pieces of the output rows.
+pub(super) struct Task<'a> {
+    pub(super) k: usize,
+    cols: usize,
+    t: usize,
+    rows: Vec<&'a mut [f32]>,
+}
+
+/// A task and the tiles it multiplies.
+struct Piece<'a> {
+    tiles: &'a Tiles,
+    task: Task<'a>,
+}
+
+/// Runs the pieces, in parallel on the team when there is more than one.
+fn run_pieces(x: &[f32], pieces: Vec<Piece>, isa: Isa) {
+    if pieces.len() <= 1 {
+        for p in pieces {
+            p.tiles.run(x, p.task, isa);
+        }
+        return;
+    }
+    let n = pieces.len();
+    let pieces: Vec<std::sync::Mutex<Option<Piece>>> = pieces
+        .into_iter()
+        .map(|p| std::sync::Mutex::new(Some(p)))
+        .collect();
+    let one = |i: usize| {
+        let piece = pieces[i].lock().ok().and_then(|mut p| p.take());
+        if let Some(p) = piece {
+            p.tiles.run(x, p.task, isa);
+        }
+    };
+    Team::global().run(n, &one);
+}
+
+/// Runs one task against the tile columns of `m`.
+pub(super) fn run_task<T: Tile>(m: TileColumns<T>, x: &[f32], task: Task, isa: Isa) {
+    let Task {
+        cols, t, mut rows, ..
+    } = task;
+    let (g0, gs) = (t * cols / TILE, rows[0].len().div_ceil(TILE));
+    columns(TileColumns::all(m.group(g0, gs), m.nb), x, &mut rows, isa);
+}
