@@ -39,7 +39,8 @@ pub struct StepOutput {
     pub batch: Option<CachedBatch>,
     /// Time the shard spent in the model's forward pass.
     pub forward_ns: u64,
-    /// The prefix cache's totals after a prefill (decode steps do not touch it).
+    /// The prefix cache's totals after the step (only prefills change them, and the
+    /// batcher reads them only then).
     pub prefix_cache: Option<PrefixCacheStats>,
 }
 
