@@ -193,7 +193,7 @@ def test_as_a_person_runs_it_arguments_reach_the_launcher(container):
     params = {"max_new_tokens": 2, "details": True, "decoder_input_details": True,
               "top_n_tokens": 10}
     out = ok_json(requests.post(c.url + "/generate", json={"inputs": PROMPT, "parameters": params},
-                           timeout=120))
+                                timeout=120))
     prefill = out["details"]["prefill"]
     assert len(prefill) >= 4 and prefill[0]["logprob"] is None, prefill
     for i, tok in enumerate(prefill[1:], 1):

@@ -11,7 +11,6 @@ use axum::Router;
 use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 

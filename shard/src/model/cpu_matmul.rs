@@ -181,15 +181,16 @@ impl CpuQuantMatrix {
     /// `xs`: f32 CPU tensor `[.., k]` (usually `[m, k]`) → `[.., n]`, i.e. `xs @ W^T`.
     /// Row `r` of the result depends on row `r` of `xs` only, bit for bit.
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        let [y] = Self::forward_same([self], xs)?;
-        Ok(y)
+        let mut ys = Self::forward_same(&[self], xs)?;
+        ys.pop()
+            .ok_or_else(|| candle_core::Error::Msg("CpuQuantMatrix::forward: no product".into()))
     }
 
     /// The products of several matrices with the same input (q, k and v; gate and up),
     /// each exactly as [`CpuQuantMatrix::forward`] computes it, run as one job for the
     /// threads: at one row the small products (k and v) are a single task each, which
-    /// alone would leave the other threads idle.
-    pub fn forward_same<const N: usize>(ms: [&Self; N], xs: &Tensor) -> Result<[Tensor; N]> {
+    /// alone would leave the other threads idle. One result per matrix, in order.
+    pub fn forward_same(ms: &[&Self], xs: &Tensor) -> Result<Vec<Tensor>> {
         if !xs.device().is_cpu() {
             candle_core::bail!("CpuQuantMatrix::forward: input is on {:?}", xs.device());
         }
@@ -223,15 +224,14 @@ impl CpuQuantMatrix {
         };
         let outs = products(ms, x, isa(), None);
         drop(storage);
-        let mut ys = Vec::with_capacity(N);
-        for (m, out) in ms.iter().zip(outs) {
-            let mut shape = lead.to_vec();
-            shape.push(m.n);
-            ys.push(Tensor::from_vec(out, shape, &Device::Cpu)?);
-        }
-        ys.try_into().map_err(|_| {
-            candle_core::Error::Msg("CpuQuantMatrix::forward_same: lost a product".into())
-        })
+        ms.iter()
+            .zip(outs)
+            .map(|(m, out)| {
+                let mut shape = lead.to_vec();
+                shape.push(m.n);
+                Tensor::from_vec(out, shape, &Device::Cpu)
+            })
+            .collect()
     }
 }
 

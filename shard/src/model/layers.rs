@@ -71,12 +71,13 @@ impl Linear {
                 Kernel::Candle(_) => None,
             })
             .collect();
-        let Some(Ok(ms)) = hosts.map(<[&CpuQuantMatrix; N]>::try_from) else {
-            return candle_core::Result::from_iter(linears.map(|l| l.forward(xs)))
-                .and_then(|ys: Vec<Tensor>| array(ys));
+        let ys: Result<Vec<Tensor>> = match hosts {
+            Some(ms) => {
+                let ys = CpuQuantMatrix::forward_same(&ms, xs)?;
+                linears.iter().zip(ys).map(|(l, y)| l.add_bias(y)).collect()
+            }
+            None => linears.iter().map(|l| l.forward(xs)).collect(),
         };
-        let ys = CpuQuantMatrix::forward_same(ms, xs)?;
-        let ys: Result<Vec<Tensor>> = linears.iter().zip(ys).map(|(l, y)| l.add_bias(y)).collect();
         array(ys?)
     }
 

@@ -13,8 +13,7 @@ impl CpuQuantMatrix {
     /// split (tests use it to show the split changes nothing).
     #[cfg(test)]
     pub(super) fn matmul(&self, x: &[f32], isa: Isa, cols_per_task: Option<usize>) -> Vec<f32> {
-        let [y] = products([self], x, isa, cols_per_task);
-        y
+        products(&[self], x, isa, cols_per_task).concat()
     }
 
     /// Splits this product of `m` rows into column tasks over `out` (`m` rows of `n`):
@@ -64,14 +63,14 @@ impl CpuQuantMatrix {
 
 /// `x @ W^T` for each matrix of `ms` (all with the same `k`), their column tasks run as
 /// one job.
-pub(super) fn products<const N: usize>(
-    ms: [&CpuQuantMatrix; N],
+pub(super) fn products(
+    ms: &[&CpuQuantMatrix],
     x: &[f32],
     isa: Isa,
     cols: Option<usize>,
-) -> [Vec<f32>; N] {
+) -> Vec<Vec<f32>> {
     let m = x.len() / ms.first().map_or(1, |mat| mat.k.max(1));
-    let mut outs: [Vec<f32>; N] = std::array::from_fn(|i| vec![0f32; m * ms[i].n]);
+    let mut outs: Vec<Vec<f32>> = ms.iter().map(|mat| vec![0f32; m * mat.n]).collect();
     if m == 0 {
         return outs;
     }

@@ -37,7 +37,6 @@ struct Shared {
     panicked: AtomicBool,
     /// Per helper: parked (or about to), so the next product must unpark it.
     parked: Vec<AtomicBool>,
-    threads: OnceLock<Vec<Thread>>,
 }
 
 #[derive(Clone, Copy)]
@@ -49,6 +48,8 @@ unsafe impl Send for SendJob {}
 /// The calling thread plus helper threads.
 pub(super) struct Team {
     shared: Arc<Shared>,
+    /// The helpers that started, each with its index in `Shared::parked`.
+    helpers: Vec<(usize, Thread)>,
     busy: std::sync::Mutex<()>,
 }
 
@@ -66,24 +67,23 @@ impl Team {
             job: std::sync::Mutex::new(None),
             panicked: AtomicBool::new(false),
             parked: (0..helpers).map(|_| AtomicBool::new(false)).collect(),
-            threads: OnceLock::new(),
         });
-        let mut threads = Vec::new();
+        let mut started = Vec::new();
         for i in 0..helpers {
             let s = shared.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("sonde-matmul-{}", i + 1))
                 .spawn(move || helper(&s, i));
             match spawned {
-                Ok(handle) => threads.push(handle.thread().clone()),
+                Ok(handle) => started.push((i, handle.thread().clone())),
                 // Fewer helpers only means less parallelism; the caller claims every
                 // task it has to.
                 Err(e) => tracing::warn!("matmul helper thread: {e}"),
             }
         }
-        let _ = shared.threads.set(threads);
         Team {
             shared,
+            helpers: started,
             busy: std::sync::Mutex::new(()),
         }
     }
@@ -108,11 +108,9 @@ impl Team {
         let epoch = ((s.next.load(Ordering::Relaxed) >> 32) + 1) & 0xffff_ffff;
         s.next
             .store(epoch << 32 | (n as u64) << 16, Ordering::SeqCst);
-        if let Some(threads) = s.threads.get() {
-            for (flag, thread) in s.parked.iter().zip(threads) {
-                if flag.load(Ordering::SeqCst) {
-                    thread.unpark();
-                }
+        for (i, thread) in &self.helpers {
+            if s.parked[*i].load(Ordering::SeqCst) {
+                thread.unpark();
             }
         }
         while let Some(t) = claim(s, epoch) {
