@@ -3,6 +3,7 @@
 
 pub mod engine;
 pub mod error;
+mod fastmath;
 pub mod loader;
 pub mod model;
 pub mod sampling;

@@ -59,7 +59,9 @@ pub struct Engine {
     batches: HashMap<u64, Vec<Sequence>>,
     /// Sum of the held sequences' reservations.
     reserved: usize,
-    scorer: Scorer,
+    /// One per thread of the engine's pool: a decode step's rows are sampled and scored
+    /// in parallel (`step::decode_step`); prefill uses the first.
+    scorers: Vec<Scorer>,
     prefix: PrefixStore,
 }
 
@@ -72,7 +74,9 @@ impl Engine {
         );
         Engine {
             prefix,
-            scorer: Scorer::new(loaded.facts.vocab_size),
+            scorers: (0..rayon::current_num_threads().max(1))
+                .map(|_| Scorer::new(loaded.facts.vocab_size))
+                .collect(),
             model: loaded.model,
             facts: loaded.facts,
             cfg,

@@ -23,10 +23,11 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
+use super::activation::gated;
 use super::attention::{host_attention, AttnParams, AttnStep, StepQkv};
 use super::attention_device::{device_attention, DeviceQkv};
 use super::kv_cache::{KvLayout, SeqCache};
-use super::layers::{gated, Embedding, Linear, RmsNorm};
+use super::layers::{Embedding, Linear, RmsNorm};
 use super::rope::{Rope, RopeTables};
 use super::spec::{Activation, ModelSpec};
 

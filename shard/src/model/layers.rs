@@ -1,5 +1,5 @@
-//! Blocks shared by every layer: projections, the embedding table, RMS norms and the
-//! gated MLP's activations.
+//! Blocks shared by every layer: projections, the embedding table and RMS norms (the
+//! gated MLP's activation is `activation`'s).
 //!
 //! Every op here works row by row: a token's result never depends on which other tokens
 //! share its batch, which is what makes scores batch-invariant.
@@ -10,7 +10,6 @@ use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Result, Tensor};
 
 use super::cpu_matmul::CpuQuantMatrix;
-use super::spec::Activation;
 
 /// How a projection multiplies, chosen once at load.
 #[derive(Clone)]
@@ -158,14 +157,4 @@ impl RmsNorm {
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         candle_nn::ops::rms_norm(xs, &self.weight, self.eps)
     }
-}
-
-/// `act(gate) * up`, elementwise.
-pub fn gated(activation: Activation, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    let gate = match activation {
-        Activation::Silu => candle_nn::ops::silu(gate)?,
-        // candle's `gelu` is the tanh approximation (`gelu_erf` is the exact one).
-        Activation::GeluTanh => gate.gelu()?,
-    };
-    gate * up
 }

@@ -3,6 +3,7 @@
 //! `arch` reads a file's metadata into a [`ModelSpec`]; `load` takes the tensors the spec
 //! applies (refusing any it does not); `decoder` runs a ragged batch through it.
 
+pub mod activation;
 pub mod arch;
 pub mod attention;
 pub mod attention_device;

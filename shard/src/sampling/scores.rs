@@ -3,7 +3,7 @@
 use sonde_proto::LogprobsMode;
 
 use super::order::{rank, top_n_keys};
-use super::softmax::log_softmax_into;
+use super::softmax::{log_softmax_into, Normalizer};
 use super::Scratch;
 
 /// What to report besides the token's own logprob; the proto's `ScoreOptions`.
@@ -92,7 +92,7 @@ pub fn score_token(
         return Err(ScoreError::LabelOutOfRange { id, vocab });
     }
     let Scratch { values, keys, .. } = scratch;
-    let logprobs: &[f32] = match (opts.mode, processed_logprobs) {
+    let logprobs = match (opts.mode, processed_logprobs) {
         (LogprobsMode::Processed, Some(processed)) => {
             if processed.len() != vocab {
                 return Err(ScoreError::LengthMismatch {
@@ -100,11 +100,17 @@ pub fn score_token(
                     got: processed.len(),
                 });
             }
-            processed
+            Logprobs::Row(processed)
         }
+        // No alternatives wanted: the few logprobs asked for come from the normaliser,
+        // with no pass writing the whole vocabulary.
+        _ if opts.top_n_tokens == 0 => Logprobs::Raw {
+            logits: raw_logits,
+            norm: Normalizer::of(raw_logits),
+        },
         _ => {
             log_softmax_into(raw_logits, values);
-            values
+            Logprobs::Row(values)
         }
     };
     let (logit, rank) = if opts.return_logits {
@@ -113,16 +119,31 @@ pub fn score_token(
         (None, None)
     };
     Ok(TokenScores {
-        logprob: logprobs[token as usize],
+        logprob: logprobs.at(token),
         logit,
         rank,
-        top: top_n_keys(logprobs, opts.top_n_tokens, keys),
-        labels: opts
-            .label_ids
-            .iter()
-            .map(|&id| logprobs[id as usize])
-            .collect(),
+        top: match logprobs {
+            Logprobs::Row(row) => top_n_keys(row, opts.top_n_tokens, keys),
+            Logprobs::Raw { .. } => Vec::new(),
+        },
+        labels: opts.label_ids.iter().map(|&id| logprobs.at(id)).collect(),
     })
+}
+
+/// A row's logprobs: written out, or as its raw logits and their normaliser (the same
+/// bits, see [`Normalizer::logprob`]). Ids are checked against the row by the caller.
+enum Logprobs<'a> {
+    Row(&'a [f32]),
+    Raw { logits: &'a [f32], norm: Normalizer },
+}
+
+impl Logprobs<'_> {
+    fn at(&self, id: u32) -> f32 {
+        match self {
+            Logprobs::Row(row) => row[id as usize],
+            Logprobs::Raw { logits, norm } => norm.logprob(logits[id as usize]),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -166,6 +187,39 @@ mod tests {
         // Ties: token 5 shares the top logit with 1 and 2 and ranks after them.
         let s = score_token(Logits::raw(&raw), 5, &opts, &mut scratch).unwrap();
         assert_eq!(s.rank, Some(3));
+    }
+
+    /// Without alternatives the logprobs come from the normaliser alone; they are the
+    /// same bits as those of the written-out row, degenerate rows included.
+    #[test]
+    fn logprobs_without_top_n_equal_the_full_rows() {
+        let rows = [
+            crate::sampling::test_util::logits(5, 49152, 20.0, 0.0),
+            vec![NEG_INF, 1.0, f32::NAN, 1.0],
+            vec![NEG_INF, NEG_INF, f32::NAN],
+            vec![f32::INFINITY, 0.0, 2.0],
+        ];
+        let labels = [0, 2, 1];
+        for raw in &rows {
+            let full = ScoreOptions {
+                top_n_tokens: 3,
+                label_ids: &labels,
+                ..Default::default()
+            };
+            let alone = ScoreOptions {
+                top_n_tokens: 0,
+                ..full
+            };
+            let mut scratch = Scratch::new();
+            for token in [0, 1, 2] {
+                let a = score_token(Logits::raw(raw), token, &full, &mut scratch).unwrap();
+                let b = score_token(Logits::raw(raw), token, &alone, &mut scratch).unwrap();
+                assert_eq!(a.logprob.to_bits(), b.logprob.to_bits(), "token {token}");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a.labels), bits(&b.labels));
+                assert!(b.top.is_empty());
+            }
+        }
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Log-softmax in f32 with an f64 normaliser.
 
+use crate::fastmath::exp_le0;
+
 /// Replaces `out` with the log-softmax of `logits` (same length), reusing its allocation.
 pub fn log_softmax_into(logits: &[f32], out: &mut Vec<f32>) {
     out.clear();
@@ -7,32 +9,57 @@ pub fn log_softmax_into(logits: &[f32], out: &mut Vec<f32>) {
     log_softmax_in_place(out);
 }
 
-/// Log-softmax of `values`, in place.
+/// Log-softmax of `values`, in place: each value replaced by [`Normalizer::logprob`] of it.
+pub fn log_softmax_in_place(values: &mut [f32]) {
+    let norm = Normalizer::of(values);
+    for v in values.iter_mut() {
+        *v = norm.logprob(*v);
+    }
+}
+
+/// What turns a row's logits into its logprobs: its maximum and the log of its softmax
+/// denominator. Computing it reads the row twice and writes nothing, so the logprobs of a
+/// few tokens (the chosen one, labels) cost no pass that writes the whole vocabulary.
 ///
 /// The normaliser is summed in f64: over a 49k vocabulary an f32 sum loses low-order bits,
-/// and logprobs are the product. Each term `e^(x - max)` is computed in f32 by [`exp_le0`]
-/// (within 2 ulp, a relative 2.4e-7, so the sum and its logarithm move by at most that much
-/// too: a tenth of an f32 ulp of a typical logprob), and the terms are added in f64, in a
-/// fixed order. Each result is rounded to f32 once, from `(x - max) - ln(sum)` evaluated in
-/// f64. (The f64 `exp` of every logit this replaced was most of a step's scoring time: a
-/// 512-token prompt scored 0.3 s slower.)
+/// and logprobs are the product. Each term `e^(x - max)` is computed in f32 by
+/// [`exp_le0`] (within 2 ulp, a relative 2.4e-7, so the sum and its logarithm move by at
+/// most that much too: a tenth of an f32 ulp of a typical logprob), and the terms are added
+/// in f64, in a fixed order. Each logprob is rounded to f32 once, from `(x - max) - ln(sum)`
+/// evaluated in f64. (The f64 `exp` of every logit this replaced was most of a step's
+/// scoring time: a 512-token prompt scored 0.3 s slower.)
 ///
 /// Degenerate rows never panic: -inf stays -inf (probability 0); a NaN stays NaN and is left
 /// out of the sum, so one broken logit does not poison the rest of the row; a row with no
 /// finite maximum (empty, all -inf/NaN) comes out all -inf/NaN; a +inf logit makes the whole
 /// row NaN.
-pub fn log_softmax_in_place(values: &mut [f32]) {
-    // f32::max ignores NaN.
-    let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY {
-        for v in values.iter_mut().filter(|v| !v.is_nan()) {
-            *v = f32::NEG_INFINITY;
-        }
-        return;
+#[derive(Debug, Clone, Copy)]
+pub struct Normalizer {
+    max: f32,
+    ln_sum: f64,
+}
+
+impl Normalizer {
+    pub fn of(values: &[f32]) -> Self {
+        // f32::max ignores NaN.
+        let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let ln_sum = if max == f32::NEG_INFINITY {
+            f64::NEG_INFINITY
+        } else {
+            sum_exp(values, max).ln()
+        };
+        Normalizer { max, ln_sum }
     }
-    let ln_sum = sum_exp(values, max).ln();
-    for v in values.iter_mut() {
-        *v = (f64::from(*v - max) - ln_sum) as f32;
+
+    /// The logprob of a token whose logit is `x`, bit for bit the same for every `x` of
+    /// the row whether it is asked for alone or with the whole row.
+    #[inline]
+    pub fn logprob(&self, x: f32) -> f32 {
+        if self.max == f32::NEG_INFINITY {
+            // No finite maximum: every number is -inf (probability 0); NaN stays NaN.
+            return if x.is_nan() { x } else { f32::NEG_INFINITY };
+        }
+        (f64::from(x - self.max) - self.ln_sum) as f32
     }
 }
 
@@ -61,42 +88,6 @@ fn sum_exp(values: &[f32], max: f32) -> f64 {
         }
     }
     lanes.iter().sum()
-}
-
-/// `e^d` for `d ≤ 0`, within 2 ulp; 0 below -87 (where `e^d` < 1.7e-38: next to the maximum's
-/// own term of 1 it cannot change an f64 sum of fewer than 10^20 terms) and for NaN. Cephes'
-/// `expf`: `d = n ln 2 + r` with `|r| ≤ ln 2 / 2` (ln 2 in two parts, so `r` is exact), a
-/// degree-7 polynomial for `e^r`, times `2^n` built from its bits. Plain multiplies and adds
-/// (no FMA, which would be a library call on CPUs without it), so every CPU gives the same
-/// bits, and the loop above vectorizes.
-#[inline(always)]
-fn exp_le0(d: f32) -> f32 {
-    const LOG2_E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer (ties to even).
-    const ROUND: f32 = 12_582_912.0;
-    let x = d.max(-87.0);
-    let shifted = x * LOG2_E + ROUND;
-    let n = shifted - ROUND;
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let mut p = 1.987_569_2e-4_f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5; // Cephes: 5.0000001201e-1, which rounds to 0.5 in f32
-    let e = p * (r * r) + r + 1.0;
-    // n is an integer in [-126, 0], so 2^n is a normal f32; `shifted` holds n + 2^22 in
-    // its low mantissa bits (integer arithmetic, rather than a float-to-int conversion
-    // that keeps the loop from vectorizing).
-    let n_bits = shifted.to_bits().wrapping_sub(ROUND.to_bits());
-    let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
-    if d >= -87.0 {
-        e * scale
-    } else {
-        0.0
-    }
 }
 
 #[cfg(test)]
@@ -130,25 +121,6 @@ mod tests {
         check(&[1000.0, 1001.0, 999.5]);
         check(&[-1000.0, -1001.0, -999.5]);
         check(&logits(1, 49152, 20.0, 0.0));
-    }
-
-    /// `exp_le0` against f64 `exp` over its whole range: within 2 ulp of the f32 result.
-    #[test]
-    fn exp_is_within_two_ulp() {
-        let mut worst = 0f64;
-        let mut d = 0f32;
-        while d > -87.0 {
-            let got = f64::from(exp_le0(d));
-            let want = f64::from(d).exp();
-            let ulp = f64::from(f32::EPSILON) * want;
-            worst = worst.max((got - want).abs() / ulp);
-            d = f32::from_bits(d.to_bits() + 997).min(d - 1e-4);
-        }
-        assert!(worst <= 2.0, "{worst} ulp");
-        assert_eq!(exp_le0(0.0), 1.0);
-        assert_eq!(exp_le0(-87.5), 0.0);
-        assert_eq!(exp_le0(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp_le0(f32::NAN), 0.0);
     }
 
     #[test]
