@@ -38,8 +38,8 @@ pub(crate) fn exp_le0(d: f32) -> f32 {
     }
 }
 
-/// `x · sigmoid(z)`, within a few ulp. The exponential is only ever taken of `-|z|` (at
-/// most 1, so it neither overflows nor cancels): `sigmoid(z) = 1 / (1 + e^-z)` for
+/// `x · sigmoid(z)`, within a few ulp. The exponential is only ever taken of `-|z|`, so
+/// `e` is at most 1 and nothing overflows or cancels: `sigmoid(z) = 1 / (1 + e^-z)` for
 /// `z ≥ 0` and `e^z / (1 + e^z)` below. A NaN `x` or `z` gives NaN.
 #[inline(always)]
 fn times_sigmoid(x: f32, z: f32) -> f32 {
@@ -57,9 +57,10 @@ pub(crate) fn silu(x: f32) -> f32 {
 }
 
 /// GELU with the tanh approximation (`gelu_pytorch_tanh`), `0.5 x (1 + tanh(u))` with
-/// `u = sqrt(2/π) (x + 0.044715 x³)`, computed as the equal `x · sigmoid(2u)`: where `x`
-/// is very negative `1 + tanh(u)` cancels to nothing in f32 (candle's and PyTorch's
-/// formula returns 0 or a few ulp of 1 there), while `sigmoid(2u)` keeps its digits.
+/// `u = sqrt(2/π) (x + 0.044715 x³)`, computed as the equal `x · sigmoid(2u)`: for
+/// negative `x`, `1 + tanh(u)` in f32 loses digits to cancellation (candle's formula is
+/// 1e-5 off at `x = -3` and gives 0 from about `x = -5.3`, where the value is still
+/// -3e-8), while `sigmoid(2u)` keeps them.
 #[inline(always)]
 pub(crate) fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
