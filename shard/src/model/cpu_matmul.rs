@@ -42,7 +42,8 @@
 //! scales are vectors too. The kernel (`kernel`) takes `R` rows against `C` tiles: each
 //! dequantized weight vector feeds `R` FMAs, each activation (broadcast from memory)
 //! `C`, and the `R * C` accumulators are independent FMA chains (AVX-512: 8 rows x 2
-//! tiles, a single row 8 tiles; AVX2+FMA: 2 x 2, one row 4 tiles). Rows go in L2-sized
+//! tiles, then 4 x 4 and 2 x 2 for the rows left over, a single row 8 tiles; AVX2+FMA: 6
+//! x 1 (Q8_0: 4 x 1), then 4 x 1 and 2 x 2, one row 4 tiles). Rows go in L2-sized
 //! pieces; threads (`team`: the caller and helpers that spin briefly between products;
 //! small products stay on the calling thread) take ranges of tile columns and write their
 //! sums straight into the output rows. The kernel is

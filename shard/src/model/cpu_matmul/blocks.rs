@@ -51,6 +51,10 @@ pub(super) trait Tile: Copy + Send + Sync {
     const INPUTS: usize = 2 * Self::PARTS * Self::PAIRS;
     /// The tile of 16 all-zero columns.
     const ZERO: Self;
+    /// Rows the AVX2 kernel takes at a time: 6 rows' accumulators are 12 of the 16 ymm
+    /// registers, which leaves too few for some formats' unpacking (Q8_0: 4 was faster).
+    /// Speed only.
+    const AVX2_ROWS: usize = 6;
     /// A part's scales, in registers.
     type Scales<S: Simd>: Copy;
     /// Puts column `c`'s raw block (`raw.len() == RAW_BYTES`) into lane `c`.

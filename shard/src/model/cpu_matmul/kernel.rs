@@ -70,7 +70,7 @@ pub(super) fn columns<T: Tile>(m: TileColumns<T>, x: &[f32], out: &mut [&mut [f3
 
 /// The portable kernel (no `#[target_feature]`: it needs none).
 fn columns_portable<T: Tile>(t: Portable, m: TileColumns<T>, x: &[f32], out: &mut [&mut [f32]]) {
-    sweep::<_, T, 4, 1, 2>(t, m, x, out)
+    sweep::<_, T, 4, 1, 0, 0, 2>(t, m, x, out)
 }
 
 // The entry functions below (and `row`'s) are the kernel's only `#[target_feature]`
@@ -80,18 +80,25 @@ fn columns_portable<T: Tile>(t: Portable, m: TileColumns<T>, x: &[f32], out: &mu
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn columns_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: &[f32], out: &mut [&mut [f32]]) {
-    // A vector is 2 ymm: 2 rows x 2 tiles = 8 accumulators, as many FMA chains as two
-    // FMA ports with 4-cycle latency need, leaving registers for the weights; one row
-    // gets 4 tiles for the same 8 chains.
-    sweep::<_, T, 2, 2, 4>(t, m, x, out)
+    // A vector is 2 ymm: 6 rows x 1 tile = 12 accumulators (4 rows: 8, as many FMA
+    // chains as two FMA ports with 4-cycle latency need), so each unpacked weight feeds
+    // 6 (or 4) rows, leaving registers for the unpacking; one row gets 4 tiles for 8
+    // chains. (2 rows x 2 tiles, the kernel before, unpacked each weight for 2 rows:
+    // 25-40% slower at 4 rows and more.)
+    if T::AVX2_ROWS >= 6 {
+        sweep::<_, T, 6, 1, 4, 1, 4>(t, m, x, out)
+    } else {
+        sweep::<_, T, 4, 1, 0, 0, 4>(t, m, x, out)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 fn columns_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: &[f32], out: &mut [&mut [f32]]) {
     // 8 rows x 2 tiles = 16 accumulators of the 32 registers: each dequantized weight
-    // vector feeds 8 FMAs. One row: 8 tiles, 8 independent chains.
-    sweep::<_, T, 8, 2, 8>(t, m, x, out)
+    // vector feeds 8 FMAs; 4 rows x 4 tiles as many. One row: 8 tiles, 8 independent
+    // chains.
+    sweep::<_, T, 8, 2, 4, 4, 8>(t, m, x, out)
 }
 
 /// Lane `c` of the tile column `column` (its tiles) into `out`, with the kernel variant
@@ -121,15 +128,29 @@ fn row_avx512<T: Tile>(t: Avx512, column: &[T], c: usize, out: &mut [f32]) {
 }
 
 /// All rows of `out` against all tile columns of `m`: rows `R` at a time against `C`
-/// tiles at a time, the rows left over one by one against `C1` tiles at a time (then
-/// fewer, for the tiles left over). Every output is the same chain of multiply-adds
-/// whichever path computes it (see [`dot`]); the paths differ in speed only.
+/// tiles at a time; the rows left over `R2` at a time against `C2` tiles (if `2 < R2 <
+/// R`), then 2 at a time against 2 tiles (if `R > 2`); the last one alone against `C1`
+/// tiles at a time (then fewer, for the tiles left over). Every output is the same chain
+/// of multiply-adds whichever path computes it (see [`dot`]); the paths differ in speed
+/// only.
 ///
 /// The rows go in pieces of about [`PIECE_BYTES`]; each piece is swept over every group
 /// of tiles in turn, so a group's weights are read from memory once per piece and then
 /// from L1 or L2, and the piece's rows from L2.
+///
+/// The middle groups matter for small batches (a few streams, or one stream's verified
+/// draft): without them the rows left over from the big groups went one by one, each
+/// unpacking every weight again (on AVX-512, 5 rows cost about 5 single-row products).
 #[inline(always)]
-fn sweep<S: Simd, T: Tile, const R: usize, const C: usize, const C1: usize>(
+fn sweep<
+    S: Simd,
+    T: Tile,
+    const R: usize,
+    const C: usize,
+    const R2: usize,
+    const C2: usize,
+    const C1: usize,
+>(
     s: S,
     m: TileColumns<T>,
     x: &[f32],
@@ -139,16 +160,37 @@ fn sweep<S: Simd, T: Tile, const R: usize, const C: usize, const C1: usize>(
     let rows_per_piece = (PIECE_BYTES / (4 * k)).max(R) / R * R;
     for (p, out) in out.chunks_mut(rows_per_piece).enumerate() {
         let x = &x[p * rows_per_piece * k..];
-        let together = out.len() / R * R;
-        let (batched, single) = out.split_at_mut(together);
-        let g = span::<S, T, R, C>(s, m, x, batched);
-        span::<S, T, R, 1>(s, m.from(g), x, batched);
-        let x = &x[together * k..];
+        let mut done = tier::<S, T, R, C>(s, m, x, out);
+        if 2 < R2 && R2 < R {
+            done += tier::<S, T, R2, C2>(s, m, &x[done * k..], &mut out[done..]);
+        }
+        if R > 2 {
+            done += tier::<S, T, 2, 2>(s, m, &x[done * k..], &mut out[done..]);
+        }
+        let (x, single) = (&x[done * k..], &mut out[done..]);
         let g = span::<S, T, 1, C1>(s, m, x, single);
         let g = span::<S, T, 1, 4>(s, m.from(g), x, single);
         let g = span::<S, T, 1, 2>(s, m.from(g), x, single);
         span::<S, T, 1, 1>(s, m.from(g), x, single);
     }
+}
+
+/// The first rows of `out`, as many as make whole groups of `R`, against every tile
+/// column (`C` at a time, then one by one); returns how many rows that was.
+#[inline(always)]
+fn tier<S: Simd, T: Tile, const R: usize, const C: usize>(
+    s: S,
+    m: TileColumns<T>,
+    x: &[f32],
+    out: &mut [&mut [f32]],
+) -> usize {
+    let together = out.len() / R * R;
+    if together > 0 {
+        let rows = &mut out[..together];
+        let g = span::<S, T, R, C>(s, m, x, rows);
+        span::<S, T, R, 1>(s, m.from(g), x, rows);
+    }
+    together
 }
 
 /// The tile columns of `m` (from `m.from` on), `C` at a time while `C` are left, for the

@@ -194,6 +194,7 @@ impl Tile for Q8_0 {
     const PARTS: usize = 1;
     const PAIRS: usize = 16;
     const SPAN: usize = 16;
+    const AVX2_ROWS: usize = 4;
     const ZERO: Self = Q8_0 {
         d: [0; TILE],
         qs: [[0; 2 * TILE]; 16],

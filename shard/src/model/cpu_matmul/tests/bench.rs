@@ -34,7 +34,9 @@ fn quantized(dtype: GgmlDType, n: usize, k: usize) -> QTensor {
 
 /// `RAYON_NUM_THREADS=T cargo test -p sonde-shard --release --lib cpu_matmul::tests::bench
 /// -- --ignored --nocapture`, for T = 1 and 2 (candle's pool reads the same variable, once
-/// per process). `SONDE_BENCH_FORMATS=q4_k,q6_k` picks formats. Gemma 3 270M's shapes:
+/// per process). `SONDE_BENCH_FORMATS=q4_k,q6_k` picks formats, `SONDE_BENCH_ROWS=1,2,4`
+/// the row counts (default 1 and 16), and `SONDE_BENCH_CANDLE=0` skips candle's side.
+/// Gemma 3 270M's shapes:
 /// 640 → 2048 (gate/up), 2048 → 640 (down), and its tied 262144 × 640 Q8_0 output layer
 /// at 1 row. GB/s: the weights' bytes streamed per second (at 1 row, the decode cost).
 #[test]
@@ -47,6 +49,12 @@ fn bench() {
         isa()
     );
     let wanted = std::env::var("SONDE_BENCH_FORMATS").unwrap_or_default();
+    let rows: Vec<usize> = std::env::var("SONDE_BENCH_ROWS")
+        .unwrap_or_else(|_| "1,16".into())
+        .split(',')
+        .map(|r| r.trim().parse().unwrap())
+        .collect();
+    let with_candle = std::env::var("SONDE_BENCH_CANDLE").map_or(true, |v| v != "0");
     let mut cases: Vec<(GgmlDType, usize, usize, &[usize])> = Vec::new();
     for dtype in FORMATS {
         let name = format!("{dtype:?}");
@@ -55,7 +63,7 @@ fn bench() {
         }
         for (k, n) in [(640usize, 2048usize), (2048, 640)] {
             // K-quant rows must be whole super-blocks: 640 → 768.
-            cases.push((dtype, k.next_multiple_of(dtype.block_size()), n, &[1, 16]));
+            cases.push((dtype, k.next_multiple_of(dtype.block_size()), n, &rows));
         }
         if dtype == GgmlDType::Q8_0 {
             cases.push((dtype, 640, 262_144, &[1]));
@@ -81,7 +89,11 @@ fn bench() {
         let bytes = q.storage_size_in_bytes() as f64;
         let qmm = QMatMul::from_qtensor(q).unwrap();
         for (m, x, t_ours) in timed {
-            let t_candle = time(min, || drop(qmm.forward(&x).unwrap()));
+            let t_candle = if with_candle {
+                time(min, || drop(qmm.forward(&x).unwrap()))
+            } else {
+                f64::NAN
+            };
             let flops = 2.0 * (m * n * k) as f64;
             println!(
                 "BENCH {name:>5} m={m:2} k={k:4} n={n:6}: ours {:6.1} GFLOP/s {:8.1} µs {:5.1} GB/s | candle {:6.1} GFLOP/s {:8.1} µs",
