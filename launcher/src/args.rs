@@ -78,6 +78,13 @@ pub struct BatchingArgs {
     #[arg(long, env = "PREFIX_CACHING", default_value_t = true, action = ArgAction::Set,
           value_parser = BoolishValueParser::new())]
     pub prefix_caching: bool,
+    /// Exact speculative decoding: each decode step may feed a request up to this many
+    /// drafted tokens, copied from where its latest tokens occurred before in its prompt
+    /// or output, and keeps those the model would have generated anyway. Tokens and scores
+    /// are bit-identical to plain decoding; 0 turns it off. Only while a step has at most
+    /// 6 rows (a few running requests), where the extra rows come cheap.
+    #[arg(long, env = "SPECULATE", default_value_t = 5)]
+    pub speculate: u32,
     /// A prefill interrupts running requests only if the waiting ones number at least
     /// this ratio of them...
     #[arg(long, env = "WAITING_SERVED_RATIO", default_value_t = 0.3)]

@@ -142,6 +142,8 @@ pub fn shard_spec(args: &LauncherArgs, bins: &Binaries, model: &Path, rank: usiz
         args.batching.max_batch_total_tokens.to_string(),
         "--prefix-caching".to_string(),
         args.batching.prefix_caching.to_string(),
+        "--speculate".to_string(),
+        args.batching.speculate.to_string(),
         "--gguf-quant".to_string(),
         args.dtype.flag_value(),
         "--device".to_string(),

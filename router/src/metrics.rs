@@ -33,6 +33,10 @@ pub const PREFIX_CACHE_HIT_TOKENS: &str = "sonde_prefix_cache_hit_tokens_total";
 pub const PREFIX_CACHE_EVICTED_TOKENS: &str = "sonde_prefix_cache_evicted_tokens_total";
 /// Gauge: tokens in the prefix cache.
 pub const PREFIX_CACHE_TOKENS: &str = "sonde_prefix_cache_tokens";
+/// Counter: draft tokens the shard fed to decode steps (speculative decoding).
+pub const SPECULATIVE_DRAFTED_TOKENS: &str = "sonde_speculative_drafted_tokens_total";
+/// Counter: draft tokens that were the token generated at their position.
+pub const SPECULATIVE_ACCEPTED_TOKENS: &str = "sonde_speculative_accepted_tokens_total";
 /// Gauge: open HTTP connections.
 pub const HTTP_CONNECTIONS: &str = "sonde_http_connections";
 /// Counter: connections refused because `--max-connections` were open.

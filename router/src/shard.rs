@@ -17,7 +17,8 @@ pub struct CachedBatch {
     pub reserved_tokens: u32,
 }
 
-/// One request's outcome of one step.
+/// One request's outcome of one step, or one of its tokens: a decode step that verified
+/// a draft (speculative decoding) gives a request several, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generation {
     pub request_id: u64,
@@ -42,6 +43,16 @@ pub struct StepOutput {
     /// The prefix cache's totals after the step (only prefills change them, and the
     /// batcher reads them only then).
     pub prefix_cache: Option<PrefixCacheStats>,
+    /// Speculative decoding's totals after the step (only decodes change them).
+    pub speculation: Option<SpeculationStats>,
+}
+
+/// The shard's speculative decoding since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpeculationStats {
+    pub drafted_tokens: u64,
+    /// Draft tokens that were the token sampled at their position.
+    pub accepted_tokens: u64,
 }
 
 /// The shard's prefix cache since it started.

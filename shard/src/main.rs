@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use sonde_proto::{Device, WeightQuant};
-use sonde_shard::engine::{Engine, EngineConfig};
+use sonde_shard::engine::{Engine, EngineConfig, Speculation};
 use sonde_shard::loader::{self, LoadOptions};
 use sonde_shard::server::{self, ServeConfig};
 
@@ -32,6 +32,13 @@ struct Args {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set,
           value_parser = clap::builder::BoolishValueParser::new())]
     prefix_caching: bool,
+    /// Exact speculative decoding: drafted tokens per request and decode step (0: off),
+    /// while a step has at most `--speculate-max-rows` rows.
+    #[arg(long, default_value_t = Speculation::default().draft_tokens)]
+    speculate: usize,
+    /// The most rows a decode step may have with drafts among them.
+    #[arg(long, default_value_t = Speculation::default().max_step_rows)]
+    speculate_max_rows: usize,
     /// What to do with GGUF block formats at load.
     #[arg(long, value_enum, default_value_t = WeightQuant::Keep)]
     gguf_quant: WeightQuant,
@@ -66,6 +73,10 @@ async fn main() -> anyhow::Result<()> {
             max_batch_total_tokens: args.max_batch_total_tokens,
             prompt_logits_chunk: args.prompt_logits_chunk,
             prefix_cache: args.prefix_caching,
+            speculation: Speculation {
+                draft_tokens: args.speculate,
+                max_step_rows: args.speculate_max_rows,
+            },
         },
     );
     server::serve(

@@ -80,6 +80,10 @@ pub fn step(out: StepOutput, total: Duration) -> pb::StepResponse {
         forward_ns: out.forward_ns,
         total_ns: total.as_nanos() as u64,
         prefix_cache: Some(prefix_stats(out.prefix)),
+        speculation: Some(pb::SpeculationStats {
+            drafted_tokens: out.speculation.drafted_tokens,
+            accepted_tokens: out.speculation.accepted_tokens,
+        }),
     }
 }
 

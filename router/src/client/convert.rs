@@ -3,7 +3,9 @@
 use sonde_proto as pb;
 
 use crate::infer::{FinishReason, Sampling, TokenScore, ValidRequest};
-use crate::shard::{CachedBatch, Generation, NewBatch, PrefixCacheStats, ShardInfo, StepOutput};
+use crate::shard::{
+    CachedBatch, Generation, NewBatch, PrefixCacheStats, ShardInfo, SpeculationStats, StepOutput,
+};
 
 pub(super) fn batch(b: &NewBatch) -> pb::Batch {
     pb::Batch {
@@ -51,6 +53,10 @@ pub(super) fn step(s: pb::StepResponse) -> StepOutput {
         batch: s.batch.map(cached),
         forward_ns: s.forward_ns,
         prefix_cache: s.prefix_cache.map(prefix_cache),
+        speculation: s.speculation.map(|s| SpeculationStats {
+            drafted_tokens: s.drafted_tokens,
+            accepted_tokens: s.accepted_tokens,
+        }),
     }
 }
 

@@ -12,7 +12,7 @@ use crate::client::ClientError;
 use crate::error::ApiError;
 use crate::infer::InferEvent;
 use crate::metrics as m;
-use crate::shard::{CachedBatch, Generation, NewBatch, PrefixCacheStats, Shard};
+use crate::shard::{CachedBatch, Generation, NewBatch, PrefixCacheStats, Shard, SpeculationStats};
 use crate::state::{Health, HealthCell};
 
 /// How often an idle scheduler checks that the shard is alive.
@@ -267,6 +267,9 @@ impl<S: Shard> Batcher<S> {
         match self.deadline(client.decode(batches)).await {
             Ok(resp) => {
                 observe(Step::Decode, started, resp.forward_ns);
+                if let Some(speculation) = resp.speculation {
+                    observe_speculation(speculation);
+                }
                 self.dispatch(resp.generations, false);
                 if let Some(batch) = resp.batch {
                     self.cached.push(batch);
@@ -408,6 +411,12 @@ fn observe_prefix_cache(s: PrefixCacheStats) {
     metrics::counter!(m::PREFIX_CACHE_HIT_TOKENS).absolute(s.hit_tokens);
     metrics::counter!(m::PREFIX_CACHE_EVICTED_TOKENS).absolute(s.evicted_tokens);
     metrics::gauge!(m::PREFIX_CACHE_TOKENS).set(s.cached_tokens as f64);
+}
+
+/// Totals kept by the shard, as for the prefix cache.
+fn observe_speculation(s: SpeculationStats) {
+    metrics::counter!(m::SPECULATIVE_DRAFTED_TOKENS).absolute(s.drafted_tokens);
+    metrics::counter!(m::SPECULATIVE_ACCEPTED_TOKENS).absolute(s.accepted_tokens);
 }
 
 #[cfg(test)]

@@ -144,6 +144,7 @@ fn step(id: u64, mut batch: Vec<Running>, state: &mut State) -> StepOutput {
         batch: cached,
         forward_ns: 1,
         prefix_cache: None,
+        speculation: None,
     }
 }
 

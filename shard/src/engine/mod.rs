@@ -4,6 +4,7 @@
 mod prefix;
 mod scoring;
 mod sequence;
+mod speculation;
 mod step;
 pub mod types;
 
@@ -19,6 +20,7 @@ pub use prefix::{PrefixStats, BLOCK_TOKENS as PREFIX_BLOCK_TOKENS};
 use scoring::Scorer;
 pub use sequence::MAX_LABEL_TOKENS;
 use sequence::{Sequence, ValidRequest};
+pub use speculation::{Speculation, SpeculationStats};
 use types::{Batch, CachedBatch, Generation, Request, StopOptions};
 
 #[derive(Debug, Clone)]
@@ -31,6 +33,9 @@ pub struct EngineConfig {
     /// The automatic prefix cache (`prefix.rs`), in the part of the budget no request
     /// reserves. It needs the host KV layout; elsewhere it stays off.
     pub prefix_cache: bool,
+    /// Exact speculative decoding (`speculation.rs`). It needs the host attention kernel,
+    /// whose rows are batch invariant; elsewhere it stays off.
+    pub speculation: Speculation,
 }
 
 impl Default for EngineConfig {
@@ -39,6 +44,7 @@ impl Default for EngineConfig {
             max_batch_total_tokens: 16_384,
             prompt_logits_chunk: 64,
             prefix_cache: true,
+            speculation: Speculation::default(),
         }
     }
 }
@@ -50,6 +56,7 @@ pub struct StepOutput {
     pub batch: Option<CachedBatch>,
     pub forward_ns: u64,
     pub prefix: PrefixStats,
+    pub speculation: SpeculationStats,
 }
 
 pub struct Engine {
@@ -63,10 +70,14 @@ pub struct Engine {
     /// in parallel (`step::decode_step`); prefill uses the first.
     scorers: Vec<Scorer>,
     prefix: PrefixStore,
+    speculated: SpeculationStats,
 }
 
 impl Engine {
-    pub fn new(loaded: LoadedModel, cfg: EngineConfig) -> Self {
+    pub fn new(loaded: LoadedModel, mut cfg: EngineConfig) -> Self {
+        if !loaded.model.caches_on_host() {
+            cfg.speculation = Speculation::OFF;
+        }
         let spec = loaded.model.spec();
         let prefix = PrefixStore::new(
             cfg.prefix_cache && loaded.model.caches_on_host(),
@@ -82,6 +93,7 @@ impl Engine {
             cfg,
             batches: HashMap::new(),
             reserved: 0,
+            speculated: SpeculationStats::default(),
         }
     }
 
@@ -105,6 +117,10 @@ impl Engine {
 
     pub fn prefix_stats(&self) -> PrefixStats {
         self.prefix.stats()
+    }
+
+    pub fn speculation_stats(&self) -> SpeculationStats {
+        self.speculated
     }
 
     /// Runs the prompts of a new batch and returns each request's first token.
@@ -132,6 +148,8 @@ impl Engine {
                 scores: req.scores,
                 last_token: 0,
                 generated: 0,
+                history: req.input_ids.clone(),
+                draft_len: 1,
             });
             prompts.push(req.input_ids);
         }
@@ -358,6 +376,7 @@ impl Engine {
             batch,
             forward_ns,
             prefix: self.prefix.stats(),
+            speculation: self.speculated,
         })
     }
 

@@ -146,6 +146,10 @@ pub struct Sequence {
     /// The token the next decode step feeds in.
     pub last_token: u32,
     pub generated: usize,
+    /// Prompt and generated tokens, where drafts are looked up.
+    pub history: Vec<u32>,
+    /// The longest draft the next step may feed (`speculation.rs`).
+    pub draft_len: usize,
 }
 
 impl Sequence {

@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use super::prefix::{BlockRows, LoadedPrefix, BLOCK_TOKENS};
 use super::scoring::{first_prompt_token, Scorer};
 use super::sequence::Sequence;
+use super::speculation::{take_verified, Verify};
 use super::types::{FinishReason, Generation, TokenScore};
 use super::Engine;
 use crate::error::EngineError;
@@ -139,37 +140,65 @@ impl Engine {
         Ok((scores, last))
     }
 
+    /// Feeds each sequence its last token and its draft (`speculation.rs`), and returns
+    /// the tokens each one takes: one, or more where its draft was right, in order.
     pub(super) fn decode_step(
         &mut self,
         seqs: &mut [Sequence],
     ) -> Result<Vec<Generation>, EngineError> {
-        let tokens: Vec<u32> = seqs.iter().map(|s| s.last_token).collect();
-        let spans: Vec<SeqSpan> = (0..seqs.len())
-            .map(|i| SeqSpan { start: i, len: 1 })
-            .collect();
+        let drafts = self.cfg.speculation.drafts(seqs);
+        let mut tokens =
+            Vec::with_capacity(seqs.len() + drafts.iter().map(Vec::len).sum::<usize>());
+        let mut spans = Vec::with_capacity(seqs.len());
+        for (seq, draft) in seqs.iter().zip(&drafts) {
+            spans.push(SeqSpan {
+                start: tokens.len(),
+                len: 1 + draft.len(),
+            });
+            tokens.push(seq.last_token);
+            tokens.extend_from_slice(draft);
+        }
+        let past: Vec<usize> = seqs.iter().map(|s| s.cache.len()).collect();
         let hidden = run_model(&self.model, seqs, &tokens, &spans)?;
         let logits = logits_rows(&self.model, &hidden)?;
         let vocab = self.facts.vocab_size;
-        // Each thread samples and scores a run of the rows with its own scratch: over a
-        // 262k vocabulary a row's argmax and normaliser are ~0.5 ms, serial on the engine
+        let mut jobs = Vec::with_capacity(seqs.len());
+        for (((seq, span), draft), past) in seqs.iter_mut().zip(&spans).zip(&drafts).zip(past) {
+            let rows = logits
+                .get(span.start * vocab..(span.start + span.len) * vocab)
+                .ok_or_else(|| {
+                    EngineError::Scoring(format!("no logits rows for request {}", seq.id))
+                })?;
+            jobs.push(Verify {
+                seq,
+                rows,
+                draft,
+                past,
+            });
+        }
+        // Each thread samples and scores a run of the sequences with its own scratch: over
+        // a 262k vocabulary a row's argmax and normaliser are ~0.5 ms, serial on the engine
         // thread while the other CPUs idle. Each row's result is its own either way.
-        let per_thread = seqs.len().div_ceil(self.scorers.len().max(1)).max(1);
+        let per_thread = jobs.len().div_ceil(self.scorers.len().max(1)).max(1);
         let runs: Vec<Result<Vec<Generation>, EngineError>> = self
             .scorers
             .par_iter_mut()
-            .zip(seqs.par_chunks_mut(per_thread))
-            .zip(logits.par_chunks(per_thread * vocab))
-            .map(|((scorer, seqs), rows)| {
-                seqs.iter_mut()
-                    .zip(rows.chunks_exact(vocab))
-                    .map(|(seq, row)| generate(scorer, seq, row, Vec::new()))
-                    .collect()
+            .zip(jobs.par_chunks_mut(per_thread))
+            .map(|(scorer, jobs)| {
+                let mut out = Vec::with_capacity(jobs.len());
+                for job in jobs {
+                    out.extend(take_verified(scorer, job)?);
+                }
+                Ok(out)
             })
             .collect();
         let mut generations = Vec::with_capacity(seqs.len());
         for run in runs {
             generations.extend(run?);
         }
+        // Each sequence took its row-0 token and then the draft tokens that held.
+        self.speculated.drafted_tokens += (tokens.len() - seqs.len()) as u64;
+        self.speculated.accepted_tokens += (generations.len() - seqs.len()) as u64;
         Ok(generations)
     }
 
@@ -183,7 +212,7 @@ impl Engine {
 }
 
 /// Samples and scores a sequence's next token from its logits row.
-fn generate(
+pub(super) fn generate(
     scorer: &mut Scorer,
     seq: &mut Sequence,
     row: &[f32],
@@ -202,6 +231,7 @@ fn generate(
     let token = scorer.next_token(seq, row)?;
     seq.generated += 1;
     seq.last_token = token.id;
+    seq.history.push(token.id);
     let finish = seq.stopping.finish_reason(token.id, seq.generated);
     Ok(Generation {
         request_id: seq.id,

@@ -109,6 +109,12 @@ impl SeqCache {
         self.len += new;
     }
 
+    /// Forgets every position from `len` on (a rejected draft's): the next step writes
+    /// over them, and no read goes past the length.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// Copies the keys and values of positions `start..start + rows` out; None unless the
     /// cache lives on the host and holds those positions.
     pub fn copy_rows(&self, start: usize, rows: usize) -> Option<KvRows> {

@@ -9,7 +9,7 @@ use sonde_proto::WeightQuant;
 use sonde_shard::engine::types::{
     Batch, FinishReason, Generation, Request, ScoreOptions, TokenScore,
 };
-use sonde_shard::engine::{Engine, EngineConfig};
+use sonde_shard::engine::{Engine, EngineConfig, Speculation};
 use sonde_shard::loader::{self, LoadOptions};
 use sonde_shard::sampling::SamplingParams;
 
@@ -40,6 +40,7 @@ pub fn config(budget: usize) -> EngineConfig {
         max_batch_total_tokens: budget,
         prompt_logits_chunk: 16,
         prefix_cache: true,
+        speculation: Speculation::default(),
     }
 }
 
