@@ -8,12 +8,10 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use common::*;
 use sonde_proto::WeightQuant;
-use sonde_shard::engine::types::Batch;
 use sonde_shard::engine::{Engine, Speculation};
 use sonde_shard::loader::LoadOptions;
 use sonde_tokenizer::ModelTokenizer;
@@ -89,27 +87,6 @@ fn requests(rep: &[u32], plain: &[u32]) -> Vec<Req> {
     ]
 }
 
-/// Runs a batch to completion; returns the outcomes and the number of decode steps.
-fn run_counting(engine: &mut Engine, id: u64, reqs: Vec<Req>) -> (HashMap<u64, Outcome>, usize) {
-    let mut out = HashMap::new();
-    let step = engine
-        .prefill(Batch {
-            id,
-            requests: reqs.into_iter().map(|r| r.0).collect(),
-        })
-        .unwrap();
-    absorb(&mut out, step.generations);
-    let mut batch = step.batch;
-    let mut steps = 0;
-    while let Some(b) = batch {
-        let step = engine.decode(&[b.id]).unwrap();
-        steps += 1;
-        absorb(&mut out, step.generations);
-        batch = step.batch;
-    }
-    (out, steps)
-}
-
 fn assert_same(a: &Outcome, b: &Outcome, what: &str) {
     assert_eq!(a.ids(), b.ids(), "{what}: tokens");
     for (i, (x, y)) in a.tokens.iter().zip(&b.tokens).enumerate() {
@@ -128,8 +105,8 @@ fn drafted_decoding_returns_the_plain_decodings_tokens_and_scores() {
     let mut steps = (0, 0);
     for req in requests(&rep, &text) {
         let id = req.0.id;
-        let (d, sd) = run_counting(&mut drafting, 100 + id, vec![req.clone()]);
-        let (p, sp) = run_counting(&mut plain, 100 + id, vec![req]);
+        let (d, sd) = run_batch_counting(&mut drafting, 100 + id, vec![req.clone()]);
+        let (p, sp) = run_batch_counting(&mut plain, 100 + id, vec![req]);
         assert_same(&d[&id], &p[&id], &format!("request {id} alone"));
         assert!(sd <= sp, "request {id}: {sd} drafting steps, {sp} plain");
         steps.0 += sd;
@@ -164,10 +141,10 @@ fn a_drafting_batch_returns_what_each_request_returns_alone() {
 
     // Eight requests fill a step past the row budget: no drafts at first, then more as
     // requests finish.
-    let (batch, _) = run_counting(&mut drafting, 7, reqs.clone());
+    let (batch, _) = run_batch_counting(&mut drafting, 7, reqs.clone());
     for req in reqs {
         let id = req.0.id;
-        let (alone, _) = run_counting(&mut plain, 200 + id, vec![req]);
+        let (alone, _) = run_batch_counting(&mut plain, 200 + id, vec![req]);
         assert_same(
             &batch[&id],
             &alone[&id],
@@ -187,8 +164,8 @@ fn gemma3_drafts_across_its_sliding_window_return_the_plain_tokens() {
     rep.truncate(560);
     for req in [scored(1, &rep, 24), sampled(scored(2, &rep, 24), 3)] {
         let id = req.0.id;
-        let (d, _) = run_counting(&mut drafting, 300 + id, vec![req.clone()]);
-        let (p, _) = run_counting(&mut plain, 300 + id, vec![req]);
+        let (d, _) = run_batch_counting(&mut drafting, 300 + id, vec![req.clone()]);
+        let (p, _) = run_batch_counting(&mut plain, 300 + id, vec![req]);
         assert_same(&d[&id], &p[&id], &format!("gemma 3, request {id}"));
     }
     assert!(drafting.speculation_stats().accepted_tokens > 0);

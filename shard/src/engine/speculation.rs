@@ -95,26 +95,19 @@ pub struct Verify<'a> {
     /// follows draft token j-1.
     pub rows: &'a [f32],
     pub draft: &'a [u32],
-    /// Its cache's length before the step.
-    pub past: usize,
 }
 
 /// Samples a sequence's tokens from its rows of a decode step. Row j's inputs are right
 /// while every draft token before it is the token sampled before it, so tokens are taken
 /// until one differs from the draft (that token is still right: its row's inputs were) or
-/// the sequence finishes. The cache then forgets the positions of the draft tokens not
-/// taken.
+/// the sequence finishes. The cache, which the step advanced past every fed token, then
+/// forgets the positions of the draft tokens not taken.
 pub fn take_verified(
     scorer: &mut Scorer,
     job: &mut Verify,
 ) -> Result<Vec<Generation>, EngineError> {
-    let Verify {
-        seq,
-        rows,
-        draft,
-        past,
-    } = job;
-    let (draft, past) = (*draft, *past);
+    let Verify { seq, rows, draft } = job;
+    let draft = *draft;
     let vocab = rows.len() / (draft.len() + 1);
     let mut taken = Vec::with_capacity(draft.len() + 1);
     for (j, row) in rows.chunks_exact(vocab.max(1)).enumerate() {
@@ -126,8 +119,10 @@ pub fn take_verified(
             break;
         }
     }
-    // Fed were the last token and the draft; the first `taken.len()` of them were right.
-    seq.cache.truncate(past + taken.len());
+    // Fed were the last token and the draft (the step's last positions of the cache); the
+    // first `taken.len()` of them were right.
+    let fed = draft.len() + 1;
+    seq.cache.truncate(seq.cache.len() - fed + taken.len());
     if !draft.is_empty() {
         // The draft tokens that held, plus one; 0 if none held.
         seq.draft_len = if taken.len() > 1 { taken.len() } else { 0 };

@@ -158,23 +158,17 @@ impl Engine {
             tokens.push(seq.last_token);
             tokens.extend_from_slice(draft);
         }
-        let past: Vec<usize> = seqs.iter().map(|s| s.cache.len()).collect();
         let hidden = run_model(&self.model, seqs, &tokens, &spans)?;
         let logits = logits_rows(&self.model, &hidden)?;
         let vocab = self.facts.vocab_size;
         let mut jobs = Vec::with_capacity(seqs.len());
-        for (((seq, span), draft), past) in seqs.iter_mut().zip(&spans).zip(&drafts).zip(past) {
+        for ((seq, span), draft) in seqs.iter_mut().zip(&spans).zip(&drafts) {
             let rows = logits
                 .get(span.start * vocab..(span.start + span.len) * vocab)
                 .ok_or_else(|| {
                     EngineError::Scoring(format!("no logits rows for request {}", seq.id))
                 })?;
-            jobs.push(Verify {
-                seq,
-                rows,
-                draft,
-                past,
-            });
+            jobs.push(Verify { seq, rows, draft });
         }
         // Each thread samples and scores a run of the sequences with its own scratch: over
         // a 262k vocabulary a row's argmax and normaliser are ~0.5 ms, serial on the engine

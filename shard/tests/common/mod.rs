@@ -111,6 +111,15 @@ pub fn absorb(out: &mut HashMap<u64, Outcome>, generations: Vec<Generation>) {
 
 /// Prefills `requests` as one batch and decodes until every request finished.
 pub fn run_batch(engine: &mut Engine, batch_id: u64, requests: Vec<Req>) -> HashMap<u64, Outcome> {
+    run_batch_counting(engine, batch_id, requests).0
+}
+
+/// [`run_batch`], also returning the number of decode steps it took.
+pub fn run_batch_counting(
+    engine: &mut Engine,
+    batch_id: u64,
+    requests: Vec<Req>,
+) -> (HashMap<u64, Outcome>, usize) {
     let mut out = HashMap::new();
     let step = engine
         .prefill(Batch {
@@ -120,12 +129,14 @@ pub fn run_batch(engine: &mut Engine, batch_id: u64, requests: Vec<Req>) -> Hash
         .unwrap();
     absorb(&mut out, step.generations);
     let mut batch = step.batch;
+    let mut steps = 0;
     while let Some(b) = batch {
         let step = engine.decode(&[b.id]).unwrap();
+        steps += 1;
         absorb(&mut out, step.generations);
         batch = step.batch;
     }
-    out
+    (out, steps)
 }
 
 pub fn run_one(engine: &mut Engine, req: Req) -> Outcome {
