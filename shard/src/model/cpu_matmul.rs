@@ -4,49 +4,63 @@
 //! candle's `QMatMul` quantizes the *activations* to 8 bits before its integer dot
 //! products. That costs up to ~1 nat of log-probability against a float64 reference,
 //! too much for a server that sells exact scores. Here the f32 activations meet the
-//! weights exactly as ggml dequantizes them (bit for bit candle's `to_float`), so each
-//! output is the float64 dot product up to f32 rounding.
+//! weights' exact values (the quants and scales ggml stores, which candle's `to_float`
+//! dequantizes), so each output is the float64 dot product up to f32 rounding.
 //!
 //! # The arithmetic of one output (the batch-invariance contract)
 //!
-//! Output `(row, col)` is `Σ_i x[row][i] · w[col][i]` computed as follows, and only so:
-//! one f32 accumulator starts at `0.0` and takes `acc = fma(x_i, w_i, acc)` for the
-//! inputs `i` in this order, block after block (`a, b` = `a` then `b`):
+//! Every format's weight is `w = a · q + b`: `q` an integer quant, `a` and `b` shared by
+//! a run of 16 or 32 inputs (a *half*; `b = 0` where the format has no offset). Output
+//! `(row, col)` is `Σ_i x[row][i] · w[col][i]` computed as follows, and only so:
 //!
-//! | format | block | order within a block | weight `w_i` (as candle's `to_float`) |
-//! |---|---|---|---|
-//! | Q4_0 | 32 | `j = 0..16`: `j, j+16` | `(q - 8) · d` |
-//! | Q4_1 | 32 | same | `fma(q, d, m)` = `q·d + m` |
-//! | Q5_0 | 32 | same | `(q5 - 16) · d` |
-//! | Q5_1 | 32 | same | `fma(q5, d, m)` |
-//! | Q8_0 | 32 | same | `q · d` |
-//! | F32, F16, BF16 | 32 | same | the weight, widened exactly |
-//! | Q4_K, Q5_K | 256 | for each 64 `g`: `l = 0..32`: `64g+l, 64g+32+l` | `fma(q, d·sc, -(dmin·m))` |
-//! | Q6_K | 256 | for each 128 `h`: `j = 0..64`: `128h+j, 128h+j+64` | `(d·sc) · (q6 - 32)` |
+//! - an f32 accumulator `acc` starts at `0.0`;
+//! - block after block, part after part: a sum `s` starts at `0.0` and takes `s =
+//!   fma(x_i, q_i, s)` for the part's inputs `i` in the order below (Q6_K: a sum for
+//!   each half, each taking its own inputs in that order);
+//! - then `acc = fma(a, s, acc)` and, with an offset, `acc = fma(b, X, acc)`, where `X` is
+//!   the sum of the part's `x_i` (each run of 16 summed as a fixed tree, the runs added
+//!   left to right; `input`). Q6_K: the low half's, then the high half's.
 //!
-//! (Each pair of a block's order is the two inputs ggml keeps in one byte or at one
-//! offset; `blocks` says why each weight rounds exactly as candle's.) Nothing in that
-//! sequence depends on the number of rows, on the other rows, on how columns are grouped
-//! or split across threads, or on the CPU: every kernel variant does exactly these fused
-//! multiply-adds (AVX-512 and AVX2 with FMA instructions, the portable one with
-//! `f32::mul_add`, which is the same single rounding on every target). Vector lanes hold
-//! *columns*, never parts of one sum, so there is no lane reduction to order; threads
-//! split the columns, and one thread computes each output entirely. So a row's scores
-//! are the same alone or in any batch, on any x86 or ARM.
+//! | format | part | inputs of a part, in order (`a, b` = `a` then `b`) | `a` | `b` |
+//! |---|---|---|---|---|
+//! | Q4_0 | 32 | `j = 0..16`: `j, j+16` (`q` = nibble - 8) | `d` | |
+//! | Q4_1 | 32 | same (`q` = nibble) | `d` | `m` |
+//! | Q5_0 | 32 | same (`q` = q5 - 16) | `d` | |
+//! | Q5_1 | 32 | same (`q` = q5) | `d` | `m` |
+//! | Q8_0 | 32 | same (`q` = the i8) | `d` | |
+//! | F32, F16, BF16 | 32 | same (`q` = the weight, widened exactly) | `1` | |
+//! | Q4_K, Q5_K | 32 (a sub-block) | same | `d·sc` | `-(dmin·m)` |
+//! | Q6_K | 32 (two sub-blocks of 16) | part `4h + t` (`h < 2`, `t < 4`): `j = 16t..16t+16`: `128h+j, 128h+j+64` (`q` = q6 - 32) | `d·sc` of each half | |
+//!
+//! (`blocks` says which inputs each part holds and why its weights, `fma(q, a, b)` or
+//! `q · a`, are bit for bit candle's: the weight rows served from the tiles, for a tied
+//! embedding, are.) Nothing in that sequence depends on the number of rows, on the other
+//! rows, on how columns are grouped or split across threads, or on the CPU: every kernel
+//! variant does exactly these fused multiply-adds (AVX-512 and AVX2 with FMA
+//! instructions, the portable one with `f32::mul_add`, which is the same single rounding
+//! on every target). Vector lanes hold *columns*, never parts of one sum, so there is no
+//! lane reduction to order; threads split the columns, and one thread computes each
+//! output entirely. So a row's scores are the same alone or in any batch, on any x86 or
+//! ARM.
+//!
+//! Why the quants and not the weights: `Σ w x = a · Σ q x + b · Σ x` saves the kernel a
+//! multiply-add per weight and per row, its costliest step when one row (one stream)
+//! shares nothing; the error stays within f32's bound on `Σ |x| (|a q| + |b|)` (the tests
+//! check it against float64 on real and random blocks).
 //!
 //! # Speed
 //!
 //! At load, the blocks of 16 adjacent columns at the same inputs are interleaved into a
 //! tile (`blocks`), keeping the quants' and scales' bytes (the bytes a decode step
-//! streams are its cost), so one vector op dequantizes one input of 16 columns and the
+//! streams are its cost), so one vector op unpacks one input of 16 columns and the
 //! scales are vectors too. The kernel (`kernel`) takes `R` rows against `C` tiles: each
-//! dequantized weight vector feeds `R` FMAs, each activation (broadcast from memory)
-//! `C`, and the `R * C` accumulators are independent FMA chains (AVX-512: 8 rows x 2
-//! tiles, then 4 x 4 and 2 x 2 for the rows left over, a single row 8 tiles; AVX2+FMA: 6
-//! x 1 (Q8_0: 4 x 1), then 4 x 1 and 2 x 2, one row 4 tiles). Rows go in L2-sized
-//! pieces; threads (`team`: the caller and helpers that spin briefly between products;
-//! small products stay on the calling thread) take ranges of tile columns and write their
-//! sums straight into the output rows. The kernel is
+//! unpacked quant vector feeds `R` FMAs, each activation (broadcast from memory) `C`, and
+//! the `R * C` sums are independent FMA chains (AVX-512: 8 rows x 1 tile, then 4 x 2 and
+//! 2 x 4 for the rows left over, a single row 8 tiles; AVX2+FMA: 6 x 1, then 4 x 1 and 2
+//! x 2, one row 4 tiles; Q6_K half as many sums per row). Rows go in L2-sized pieces;
+//! threads (`team`: the caller and helpers that spin briefly between products; small
+//! products stay on the calling thread) take ranges of tile columns and write their sums
+//! straight into the output rows. The kernel is
 //! written once, generic over a 16-lane vector type (`simd`), and instantiated inside
 //! `#[target_feature]` functions chosen once per process at run time, so the default
 //! x86-64 build still gets wide vectors; everything below those functions must inline
@@ -59,6 +73,7 @@ use candle_core::{DType, Device, Result, Storage, Tensor};
 
 mod blocks;
 mod formats;
+mod input;
 mod kernel;
 mod simd;
 mod tasks;

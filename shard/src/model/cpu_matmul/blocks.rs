@@ -1,7 +1,7 @@
 //! The weight tiles the kernel reads: one ggml block (or K-quant super-block) of each of
-//! 16 adjacent columns at the same inputs, interleaved so that one vector op dequantizes
-//! one input of all 16 columns (lane `c` = column `c`); dense f32 / f16 / bf16 weights in
-//! the same shape.
+//! 16 adjacent columns at the same inputs, interleaved so that one vector op unpacks one
+//! input of all 16 columns (lane `c` = column `c`); dense f32 / f16 / bf16 weights in the
+//! same shape.
 //!
 //! # Pairs, parts and the input order
 //!
@@ -12,14 +12,24 @@
 //! `l + 32` of its 64; Q6_K: `ql` byte `j` of a 64-byte run, inputs `j` and `j + 64` of its
 //! 128). The inputs fall into groups of `2 SPAN`; a group is walked `j = 0..SPAN`, taking
 //! `(j, j + SPAN)` — the order in which every output's fused multiply-adds go (module
-//! docs of `cpu_matmul`). A *part* is a run of [`Tile::PAIRS`] pairs sharing their scale
-//! vectors ([`Tile::scales`], computed once per part, not once per input).
+//! docs of `cpu_matmul`). A *part* is a run of [`Tile::PAIRS`] pairs whose first inputs
+//! (its *low half*) share one scale and offset, and whose second inputs (its *high half*)
+//! share one too.
 //!
-//! [`Tile::pair`] returns the weights of a pair's two inputs for the 16 columns, bit for
-//! bit as candle's `to_float` computes them (each format says why its operations round
-//! the same). Scales stay as stored (f16, 6-bit packed, i8) and are widened in registers,
-//! because the bytes a decode step streams from memory are its cost. Columns past the end
-//! of the matrix are all-zero weights, computed and never stored.
+//! # Quants and factors
+//!
+//! Every format's weight is `w = a · q + b`: `q` an integer (the quant, with any fixed
+//! offset such as Q4_0's `- 8` already applied), `a` and `b` the same for a whole half of
+//! a part ([`Factors`]; `b` is zero where the format has none, [`Tile::OFFSET`]). The
+//! kernel multiplies the activations by the quants, which are exact in f32, and applies
+//! `a` and `b` once per half: `Σ w x = a · Σ q x + b · Σ x`. [`Tile::quants`] returns a
+//! pair's quants for the 16 columns; [`Tile::factors`] a part's factors, computed once per
+//! part. [`Tile::weights`] puts them together, bit for bit as candle's `to_float` computes
+//! the weights (each format says why its operations round the same), for weight rows.
+//! Scales stay as stored (f16, 6-bit packed, i8) and are widened in registers, because the
+//! bytes a decode step streams from memory are its cost. Columns past the end of the
+//! matrix are all-zero weights, computed and never stored. Dense weights are their own
+//! quants, with `a = 1`.
 
 use half::f16;
 
@@ -41,7 +51,7 @@ pub(super) const TILE: usize = LANES;
 pub(super) trait Tile: Copy + Send + Sync {
     /// Bytes of one column's block in the GGUF / candle layout.
     const RAW_BYTES: usize;
-    /// Runs of pairs with their own scales.
+    /// Runs of pairs with their own factors.
     const PARTS: usize;
     /// Pairs per part: a multiple of 16 that divides `SPAN`.
     const PAIRS: usize;
@@ -51,20 +61,50 @@ pub(super) trait Tile: Copy + Send + Sync {
     const INPUTS: usize = 2 * Self::PARTS * Self::PAIRS;
     /// The tile of 16 all-zero columns.
     const ZERO: Self;
-    /// Rows the AVX2 kernel takes at a time: 6 rows' accumulators are 12 of the 16 ymm
-    /// registers, which leaves too few for some formats' unpacking (Q8_0: 4 was faster).
-    /// Speed only.
-    const AVX2_ROWS: usize = 6;
-    /// A part's scales, in registers.
-    type Scales<S: Simd>: Copy;
+    /// Whether the weights have an offset `b` (Q4_1, Q5_1, Q4_K, Q5_K); without one, `b`
+    /// is never added (`a · q`, as candle computes those weights).
+    const OFFSET: bool = false;
+    /// Whether a part's two halves have their own factors (the K-quants: the halves are
+    /// different sub-blocks), so that each output keeps a sum per half.
+    const SPLIT: bool = false;
     /// Puts column `c`'s raw block (`raw.len() == RAW_BYTES`) into lane `c`.
     fn set_column(&mut self, c: usize, raw: &[u8]);
-    /// Part `p`'s scales, for [`Tile::pair`]. (`#[inline(always)]` in every impl: see
-    /// `simd`, "Inlining".)
-    fn scales<S: Simd>(&self, s: S, p: usize) -> Self::Scales<S>;
-    /// The weights of pair `at.pair < PAIRS` of part `at.part`: inputs
-    /// `first_input(part) + pair` and `SPAN` further on, lane `c` = column `c`.
-    fn pair<S: Simd>(&self, s: S, scales: &Self::Scales<S>, at: At) -> [S::V; 2];
+    /// Part `p`'s factors. (`#[inline(always)]` in every impl: see `simd`, "Inlining".)
+    fn factors<S: Simd>(&self, s: S, p: usize) -> Factors<S::V>;
+    /// The quants of pair `at.pair < PAIRS` of part `at.part` (inputs `first_input(part)
+    /// + pair` and `SPAN` further on, lane `c` = column `c`), exact in f32.
+    fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2];
+    /// The weights of that pair, bit for bit as candle's `to_float`: `fma(q, a, b)` with
+    /// an offset (exactly `a · q + b` rounded once: `a · q` is exact in every format that
+    /// has one), `q · a` without.
+    #[inline(always)]
+    fn weights<S: Simd>(&self, s: S, f: &Factors<S::V>, at: At) -> [S::V; 2] {
+        let [lo, hi] = self.quants(s, at);
+        if Self::OFFSET {
+            [s.mul_add(lo, f.a[0], f.b[0]), s.mul_add(hi, f.a[1], f.b[1])]
+        } else {
+            [s.mul(lo, f.a[0]), s.mul(hi, f.a[1])]
+        }
+    }
+}
+
+/// A part's factors, `[low half, high half]`: `w = a · q + b`. Without a split both
+/// entries are the same; without an offset `b` is unused.
+#[derive(Clone, Copy)]
+pub(super) struct Factors<V> {
+    pub a: [V; 2],
+    pub b: [V; 2],
+}
+
+impl<V: Copy> Factors<V> {
+    /// The factors `a` for both halves, no offset (`zero` fills `b`).
+    #[inline(always)]
+    pub fn scale(a: V, zero: V) -> Self {
+        Factors {
+            a: [a, a],
+            b: [zero, zero],
+        }
+    }
 }
 
 /// Which pair of a tile: pair `pair` of part `part`.
@@ -175,14 +215,35 @@ pub(super) fn row<S: Simd, T: Tile>(s: S, column: &[T], c: usize, out: &mut [f32
     let mut lanes = [0f32; LANES];
     for (t, out) in column.iter().zip(out.chunks_exact_mut(T::INPUTS)) {
         for p in 0..T::PARTS {
-            let scales = t.scales(s, p);
+            let factors = t.factors(s, p);
             let first = first_input::<T>(p);
             for j in 0..T::PAIRS {
-                let [lo, hi] = t.pair(s, &scales, At { part: p, pair: j });
+                let [lo, hi] = t.weights(s, &factors, At { part: p, pair: j });
                 s.store(lo, &mut lanes);
                 out[first + j] = lanes[c];
                 s.store(hi, &mut lanes);
                 out[first + j + T::SPAN] = lanes[c];
+            }
+        }
+    }
+}
+
+/// Lane `c`'s offset `b` at each input of one tile column (`0.0` for formats without one):
+/// the tests' error bound depends on it, since the kernel sums `a · Σ q x` and `b · Σ x`
+/// apart.
+#[cfg(test)]
+pub(super) fn row_offsets<S: Simd, T: Tile>(s: S, column: &[T], c: usize, out: &mut [f32]) {
+    let mut lanes = [0f32; LANES];
+    for (t, out) in column.iter().zip(out.chunks_exact_mut(T::INPUTS)) {
+        for p in 0..T::PARTS {
+            let factors = t.factors(s, p);
+            let first = first_input::<T>(p);
+            for (h, b) in factors.b.iter().enumerate() {
+                s.store(*b, &mut lanes);
+                let b = if T::OFFSET { lanes[c] } else { 0.0 };
+                for j in 0..T::PAIRS {
+                    out[first + h * T::SPAN + j] = b;
+                }
             }
         }
     }

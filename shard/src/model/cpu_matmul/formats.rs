@@ -6,6 +6,7 @@ use candle_core::quantized::GgmlDType;
 use super::blocks::{
     tiles, Bf16, Tile, TileColumns, F16, F32, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, TILE,
 };
+use super::input::Rows;
 use super::kernel::{self, Isa};
 use super::tasks::{run_task, Task};
 
@@ -142,8 +143,13 @@ impl Tiles {
     }
 
     /// Runs one column task of a product with input rows `x` (see [`run_task`]).
-    pub(super) fn run(&self, x: &[f32], task: Task, isa: Isa) {
+    pub(super) fn run(&self, x: Rows, task: Task, isa: Isa) {
         each!(self, t: T => run_task(TileColumns::all(t, task.k / T::INPUTS), x, task, isa))
+    }
+
+    /// Whether the format's weights have an offset, so its products need the run sums.
+    pub(super) fn has_offset(&self) -> bool {
+        each!(self, _t: T => T::OFFSET)
     }
 
     /// Weight row `i` into `out` (`k` values), with the kernel variant `isa`.
@@ -151,6 +157,16 @@ impl Tiles {
         each!(self, t: T => {
             let m = TileColumns::all(t, out.len() / T::INPUTS);
             kernel::row(m.group(i / TILE, 1), i % TILE, out, isa)
+        })
+    }
+
+    /// The offsets `b` of weight row `i`'s inputs (see `blocks::row_offsets`).
+    #[cfg(test)]
+    pub(super) fn row_offsets(&self, i: usize, out: &mut [f32]) {
+        use super::simd::Portable;
+        each!(self, t: T => {
+            let m = TileColumns::all(t, out.len() / T::INPUTS);
+            super::blocks::row_offsets(Portable, m.group(i / TILE, 1), i % TILE, out)
         })
     }
 }

@@ -3,6 +3,7 @@
 use std::sync::OnceLock;
 
 use super::blocks::{self, first_input, At, Tile, TileColumns, TILE};
+use super::input::{half_sum, Rows};
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Avx2, Avx512};
 use super::simd::{Portable, Simd};
@@ -55,7 +56,7 @@ pub(super) fn isa() -> Isa {
 /// The tile columns of `m` for the rows `x` (`m.k()` f32 each) into `out`: one piece per
 /// row, one sum per column (the last tile may cover fewer columns than 16), with the
 /// kernel for `isa`.
-pub(super) fn columns<T: Tile>(m: TileColumns<T>, x: &[f32], out: &mut [&mut [f32]], isa: Isa) {
+pub(super) fn columns<T: Tile>(m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]], isa: Isa) {
     match isa {
         Isa::Portable => columns_portable(Portable, m, x, out),
         // SAFETY: the token `t` exists only if the CPU has the features these
@@ -69,8 +70,8 @@ pub(super) fn columns<T: Tile>(m: TileColumns<T>, x: &[f32], out: &mut [&mut [f3
 }
 
 /// The portable kernel (no `#[target_feature]`: it needs none).
-fn columns_portable<T: Tile>(t: Portable, m: TileColumns<T>, x: &[f32], out: &mut [&mut [f32]]) {
-    sweep::<_, T, 4, 1, 0, 0, 2>(t, m, x, out)
+fn columns_portable<T: Tile>(t: Portable, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
+    sweep::<_, T, 4, 1, 0, 0, 1, 2>(t, m, x, out)
 }
 
 // The entry functions below (and `row`'s) are the kernel's only `#[target_feature]`
@@ -79,26 +80,31 @@ fn columns_portable<T: Tile>(t: Portable, m: TileColumns<T>, x: &[f32], out: &mu
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn columns_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: &[f32], out: &mut [&mut [f32]]) {
-    // A vector is 2 ymm: 6 rows x 1 tile = 12 accumulators (4 rows: 8, as many FMA
-    // chains as two FMA ports with 4-cycle latency need), so each unpacked weight feeds
-    // 6 (or 4) rows, leaving registers for the unpacking; one row gets 4 tiles for 8
-    // chains. (2 rows x 2 tiles, the kernel before, unpacked each weight for 2 rows:
-    // 25-40% slower at 4 rows and more.)
-    if T::AVX2_ROWS >= 6 {
-        sweep::<_, T, 6, 1, 4, 1, 4>(t, m, x, out)
+fn columns_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
+    // A vector is 2 ymm, and each row and tile keeps a sum per half of a part (one
+    // without a split): 6 rows x 1 tile = 12 sum registers, so each unpacked quant feeds 6
+    // rows, leaving registers for the unpacking; one row gets 4 tiles for 8 chains (as
+    // many as two FMA ports with 4-cycle latency need). The outputs themselves change
+    // once per part and may live in memory. With a split (Q6_K) 4 rows take 16 registers,
+    // which still beat 3 rows (39 against 34 GFLOP/s at 16 rows).
+    if T::SPLIT {
+        sweep::<_, T, 4, 1, 0, 0, 1, 2>(t, m, x, out)
     } else {
-        sweep::<_, T, 4, 1, 0, 0, 4>(t, m, x, out)
+        sweep::<_, T, 6, 1, 4, 1, 2, 4>(t, m, x, out)
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn columns_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: &[f32], out: &mut [&mut [f32]]) {
-    // 8 rows x 2 tiles = 16 accumulators of the 32 registers: each dequantized weight
-    // vector feeds 8 FMAs; 4 rows x 4 tiles as many. One row: 8 tiles, 8 independent
-    // chains.
-    sweep::<_, T, 8, 2, 4, 4, 8>(t, m, x, out)
+fn columns_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
+    // 8 rows x 1 tile = 8 sum registers of the 32 (16 with a split): each unpacked quant
+    // vector feeds 8 FMAs; 4 rows x 2 tiles as many. One row: 8 tiles (4 with a split),
+    // 8 independent chains.
+    if T::SPLIT {
+        sweep::<_, T, 8, 1, 4, 2, 2, 4>(t, m, x, out)
+    } else {
+        sweep::<_, T, 8, 1, 4, 2, 4, 8>(t, m, x, out)
+    }
 }
 
 /// Lane `c` of the tile column `column` (its tiles) into `out`, with the kernel variant
@@ -129,7 +135,7 @@ fn row_avx512<T: Tile>(t: Avx512, column: &[T], c: usize, out: &mut [f32]) {
 
 /// All rows of `out` against all tile columns of `m`: rows `R` at a time against `C`
 /// tiles at a time; the rows left over `R2` at a time against `C2` tiles (if `2 < R2 <
-/// R`), then 2 at a time against 2 tiles (if `R > 2`); the last one alone against `C1`
+/// R`), then 2 at a time against `C22` tiles (if `R > 2`); the last one alone against `C1`
 /// tiles at a time (then fewer, for the tiles left over). Every output is the same chain
 /// of multiply-adds whichever path computes it (see [`dot`]); the paths differ in speed
 /// only.
@@ -149,25 +155,25 @@ fn sweep<
     const C: usize,
     const R2: usize,
     const C2: usize,
+    const C22: usize,
     const C1: usize,
 >(
     s: S,
     m: TileColumns<T>,
-    x: &[f32],
+    x: Rows,
     out: &mut [&mut [f32]],
 ) {
-    let k = m.k();
-    let rows_per_piece = (PIECE_BYTES / (4 * k)).max(R) / R * R;
+    let rows_per_piece = (PIECE_BYTES / (4 * m.k())).max(R) / R * R;
     for (p, out) in out.chunks_mut(rows_per_piece).enumerate() {
-        let x = &x[p * rows_per_piece * k..];
+        let x = x.from(p * rows_per_piece);
         let mut done = tier::<S, T, R, C>(s, m, x, out);
         if 2 < R2 && R2 < R {
-            done += tier::<S, T, R2, C2>(s, m, &x[done * k..], &mut out[done..]);
+            done += tier::<S, T, R2, C2>(s, m, x.from(done), &mut out[done..]);
         }
         if R > 2 {
-            done += tier::<S, T, 2, 2>(s, m, &x[done * k..], &mut out[done..]);
+            done += tier::<S, T, 2, C22>(s, m, x.from(done), &mut out[done..]);
         }
-        let (x, single) = (&x[done * k..], &mut out[done..]);
+        let (x, single) = (x.from(done), &mut out[done..]);
         let g = span::<S, T, 1, C1>(s, m, x, single);
         let g = span::<S, T, 1, 4>(s, m.from(g), x, single);
         let g = span::<S, T, 1, 2>(s, m.from(g), x, single);
@@ -181,7 +187,7 @@ fn sweep<
 fn tier<S: Simd, T: Tile, const R: usize, const C: usize>(
     s: S,
     m: TileColumns<T>,
-    x: &[f32],
+    x: Rows,
     out: &mut [&mut [f32]],
 ) -> usize {
     let together = out.len() / R * R;
@@ -200,19 +206,17 @@ fn tier<S: Simd, T: Tile, const R: usize, const C: usize>(
 fn span<S: Simd, T: Tile, const R: usize, const C: usize>(
     s: S,
     m: TileColumns<T>,
-    x: &[f32],
+    x: Rows,
     out: &mut [&mut [f32]],
 ) -> usize {
-    let k = m.k();
     let groups = m.groups();
     let mut g = m.from;
     while g + C <= groups {
         let group = m.group(g, C);
         for (i, out) in out.chunks_exact_mut(R).enumerate() {
-            let mut rows: [&[Half]; R] = [&[]; R];
+            let mut rows: [(&[Half], &[f32]); R] = [(&[], &[]); R];
             for (r, row) in rows.iter_mut().enumerate() {
-                let at = (i * R + r) * k;
-                *row = x[at..at + k].as_chunks::<LANES>().0;
+                *row = x.row(i * R + r);
             }
             let acc = dot::<S, T, R, C>(s, group, m.nb, &rows);
             for (row, acc) in out.iter_mut().zip(&acc) {
@@ -226,21 +230,25 @@ fn span<S: Simd, T: Tile, const R: usize, const C: usize>(
     g
 }
 
-/// `R` rows (in chunks of 16 inputs) against `C` tile columns (`group`: their tiles,
-/// column after column).
+/// `R` rows (each in chunks of 16 inputs, with its run sums) against `C` tile columns
+/// (`group`: their tiles, column after column).
 ///
-/// The arithmetic of one output, and only this: one f32 accumulator starts at `0.0`; for
-/// each tile in order, for each part `p`, for each pair `j`, it takes `fma(x[i], w[i],
-/// acc)` and then `fma(x[i + SPAN], w[i + SPAN], acc)`, `i` = the tile's first input +
-/// `first_input(p) + j` (see `blocks`). `R`, `C`, the other rows and columns and the
-/// instruction set change none of it: lanes are columns, so no lane ever holds two rows'
-/// or two columns' sums.
+/// The arithmetic of one output, and only this: an f32 accumulator `acc` starts at `0.0`.
+/// For each tile in order, for each part `p`: a sum per half of the part starts at `0.0`
+/// (one sum for both halves without a split, [`Tile::SPLIT`]); for each pair `j` it takes
+/// `fma(x[i], q[i], sum)` and then `fma(x[i + SPAN], q[i + SPAN], sum')` (`sum'` the high
+/// half's sum, or the same one), `i` = the tile's first input + `first_input(p) + j`, `q`
+/// the quants. Then, half after half (or once): `acc = fma(a, sum, acc)`, and with an
+/// offset `acc = fma(b, X, acc)`, `a` and `b` the half's factors and `X` the activations'
+/// sum over the half (`input::half_sum` of the run sums, the two halves' added for one
+/// sum). `R`, `C`, the other rows and columns and the instruction set change none of it:
+/// lanes are columns, so no lane ever holds two rows' or two columns' sums.
 #[inline(always)]
 fn dot<S: Simd, T: Tile, const R: usize, const C: usize>(
     s: S,
     group: &[T],
     nb: usize,
-    rows: &[&[Half]; R],
+    rows: &[(&[Half], &[f32]); R],
 ) -> [[S::V; C]; R] {
     let chunks = T::INPUTS / LANES;
     let mut acc = [[s.zero(); C]; R];
@@ -251,14 +259,16 @@ fn dot<S: Simd, T: Tile, const R: usize, const C: usize>(
         }
         let mut xb: [&[Half]; R] = [&[]; R];
         for (x, row) in xb.iter_mut().zip(rows) {
-            *x = &row[b * chunks..(b + 1) * chunks];
+            *x = &row.0[b * chunks..(b + 1) * chunks];
         }
         for p in 0..T::PARTS {
-            let mut scales = [tb[0].scales(s, p); C];
-            for (sc, t) in scales.iter_mut().zip(&tb).skip(1) {
-                *sc = t.scales(s, p);
+            let mut factors = [tb[0].factors(s, p); C];
+            for (f, t) in factors.iter_mut().zip(&tb).skip(1) {
+                *f = t.factors(s, p);
             }
             let first = first_input::<T>(p) / LANES;
+            let hi_sum = usize::from(T::SPLIT);
+            let mut sums = [[[s.zero(); 2]; C]; R];
             for q in 0..T::PAIRS / LANES {
                 // The 16 inputs of these 16 pairs, and their partners `SPAN` on.
                 let (lo, hi) = (first + q, first + q + T::SPAN / LANES);
@@ -271,10 +281,31 @@ fn dot<S: Simd, T: Tile, const R: usize, const C: usize>(
                 for t in 0..LANES {
                     let j = q * LANES + t;
                     for (c, tile) in tb.iter().enumerate() {
-                        let [wl, wh] = tile.pair(s, &scales[c], At { part: p, pair: j });
-                        for (a, (l, h)) in acc.iter_mut().zip(xl.iter().zip(&xh)) {
-                            a[c] = s.mul_add(s.splat(l[t]), wl, a[c]);
-                            a[c] = s.mul_add(s.splat(h[t]), wh, a[c]);
+                        let [ql, qh] = tile.quants(s, At { part: p, pair: j });
+                        for (sum, (l, h)) in sums.iter_mut().zip(xl.iter().zip(&xh)) {
+                            let sum = &mut sum[c];
+                            sum[0] = s.mul_add(s.splat(l[t]), ql, sum[0]);
+                            sum[hi_sum] = s.mul_add(s.splat(h[t]), qh, sum[hi_sum]);
+                        }
+                    }
+                }
+            }
+            let start = b * T::INPUTS + first_input::<T>(p);
+            for ((acc, sums), row) in acc.iter_mut().zip(&sums).zip(rows) {
+                let (lo, hi) = if T::OFFSET {
+                    (
+                        half_sum(row.1, start, T::PAIRS),
+                        half_sum(row.1, start + T::SPAN, T::PAIRS),
+                    )
+                } else {
+                    (0.0, 0.0)
+                };
+                let halves = if T::SPLIT { [lo, hi] } else { [lo + hi, 0.0] };
+                for ((acc, sums), f) in acc.iter_mut().zip(sums).zip(&factors) {
+                    for h in 0..=hi_sum {
+                        *acc = s.mul_add(f.a[h], sums[h], *acc);
+                        if T::OFFSET {
+                            *acc = s.mul_add(f.b[h], s.splat(halves[h]), *acc);
                         }
                     }
                 }

@@ -44,7 +44,6 @@ pub(super) trait Simd: Copy + Send + Sync {
     /// `a * b + c`, rounded once.
     fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     fn mul(self, a: Self::V, b: Self::V) -> Self::V;
-    fn add(self, a: Self::V, b: Self::V) -> Self::V;
     /// The low nibbles of `q` (lanes 0..16) and the high nibbles, as f32 in 0..=15.
     fn nibbles(self, q: &[u8; 16]) -> [Self::V; 2];
     /// `q` read as i8: bytes 0..16 and 16..32, as f32.
@@ -109,10 +108,6 @@ impl Simd for Portable {
     #[inline(always)]
     fn mul(self, a: Half, b: Half) -> Half {
         std::array::from_fn(|l| a[l] * b[l])
-    }
-    #[inline(always)]
-    fn add(self, a: Half, b: Half) -> Half {
-        std::array::from_fn(|l| a[l] + b[l])
     }
     #[inline(always)]
     fn nibbles(self, q: &[u8; 16]) -> [Half; 2] {

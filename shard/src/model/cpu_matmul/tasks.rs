@@ -4,6 +4,7 @@
 
 use super::blocks::{Tile, TileColumns, TILE};
 use super::formats::Tiles;
+use super::input::{run_sums, Rows};
 use super::kernel::{columns, Isa};
 use super::team::Team;
 use super::{CpuQuantMatrix, COL_ALIGN, MIN_TASK_MACS, TASKS_PER_THREAD};
@@ -74,13 +75,21 @@ pub(super) fn products(
     if m == 0 {
         return outs;
     }
+    // Formats with an offset need the rows' run sums (see `input`): once for all tasks.
+    let sums = if ms.iter().any(|mat| mat.tiles.has_offset()) {
+        run_sums(x)
+    } else {
+        Vec::new()
+    };
+    let k = x.len() / m;
+    let rows = Rows { x, sums: &sums, k };
     let pieces: Vec<Piece> = ms
         .iter()
         .zip(outs.iter_mut())
         .filter(|(mat, _)| mat.n > 0)
         .flat_map(|(mat, out)| mat.tasks(out, m, cols))
         .collect();
-    run_pieces(x, pieces, isa);
+    run_pieces(rows, pieces, isa);
     outs
 }
 
@@ -100,7 +109,7 @@ struct Piece<'a> {
 }
 
 /// Runs the pieces, in parallel on the team when there is more than one.
-fn run_pieces(x: &[f32], pieces: Vec<Piece>, isa: Isa) {
+fn run_pieces(x: Rows, pieces: Vec<Piece>, isa: Isa) {
     if pieces.len() <= 1 {
         for p in pieces {
             p.tiles.run(x, p.task, isa);
@@ -122,7 +131,7 @@ fn run_pieces(x: &[f32], pieces: Vec<Piece>, isa: Isa) {
 }
 
 /// Runs one task against the tile columns of `m`.
-pub(super) fn run_task<T: Tile>(m: TileColumns<T>, x: &[f32], task: Task, isa: Isa) {
+pub(super) fn run_task<T: Tile>(m: TileColumns<T>, x: Rows, task: Task, isa: Isa) {
     let Task {
         cols, t, mut rows, ..
     } = task;

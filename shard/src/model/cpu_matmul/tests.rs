@@ -166,27 +166,51 @@ fn row_into_is_to_float_of_that_row() {
     }
 }
 
-/// Σ x·w in f64 and Σ |x·w|.
-fn reference(x: &[f32], w: &[f32]) -> (f64, f64) {
-    x.iter().zip(w).fold((0.0, 0.0), |(sum, mag), (&x, &w)| {
-        let p = f64::from(x) * f64::from(w);
-        (sum + p, mag + p.abs())
-    })
+/// Σ x·w in f64, and the magnitude the rounding error is bounded by: Σ |x| (|w - b| + 2
+/// |b|), `b` the weight's offset. The kernel sums `x · q` and `x` apart and scales them by
+/// `a` and `b` (`w = a q + b`), so each of those terms carries its own rounding; without
+/// an offset this is Σ |x·w|.
+fn reference(x: &[f32], w: &[f32], b: &[f32]) -> (f64, f64) {
+    x.iter()
+        .zip(w)
+        .zip(b)
+        .fold((0.0, 0.0), |(sum, mag), ((&x, &w), &b)| {
+            let (x, w, b) = (f64::from(x), f64::from(w), f64::from(b));
+            (sum + x * w, mag + x.abs() * ((w - b).abs() + 2.0 * b.abs()))
+        })
 }
 
-/// Asserts every output of `y = x @ w^T` (`m` rows, `n` columns) is within the error
-/// bound of `k` sequential fmas relative to Σ|x·w| (and the final f64 → f32 rounding);
-/// returns the worst relative error.
-fn check_against_f64(x: &[f32], w: &[f32], y: &[f32], (m, n, k): (usize, usize, usize)) -> f64 {
-    let bound = (k + 1) as f64 * f64::from(f32::EPSILON) / 2.0;
+/// All `n` rows of `m`'s offsets.
+fn offsets(m: &CpuQuantMatrix) -> Vec<f32> {
+    let (n, k) = m.dims();
+    let mut out = vec![0f32; n * k];
+    for (i, row) in out.chunks_exact_mut(k).enumerate() {
+        m.tiles.row_offsets(i, row);
+    }
+    out
+}
+
+/// Asserts every output of `y = x @ w^T` (`m` rows, `n` columns, offsets `b`) is within
+/// the error bound of the kernel's sums relative to the magnitude of [`reference`]: `k`
+/// sequential fmas, the per-part sums of `x` (16 terms) and the scaling of each part's
+/// two sums into the output (4 per part of 16 inputs at most), and the final f64 → f32
+/// rounding; returns the worst relative error.
+fn check_against_f64(
+    x: &[f32],
+    (w, b): (&[f32], &[f32]),
+    y: &[f32],
+    (m, n, k): (usize, usize, usize),
+) -> f64 {
+    let bound = (k + 16 + 4 * k / 16 + 1) as f64 * f64::from(f32::EPSILON) / 2.0;
     let mut worst = 0f64;
     for r in 0..m {
         for j in 0..n {
-            let (exact, mag) = reference(&x[r * k..(r + 1) * k], &w[j * k..(j + 1) * k]);
+            let row = |v: &[f32]| v[j * k..(j + 1) * k].to_vec();
+            let (exact, mag) = reference(&x[r * k..(r + 1) * k], &row(w), &row(b));
             let err = (f64::from(y[r * n + j]) - exact).abs();
             assert!(
                 err <= bound * mag + 1e-30,
-                "m={m} k={k} n={n} ({r},{j}): {} vs {exact} (|x·w| {mag})",
+                "m={m} k={k} n={n} ({r},{j}): {} vs {exact} (magnitude {mag})",
                 y[r * n + j]
             );
             worst = worst.max(err / mag.max(1e-30));
@@ -207,18 +231,40 @@ fn matches_f64_reference() {
             for n in [1, 7, 133] {
                 let (_, ours, w) = matrix(dtype, n, k, 10 + f as u64);
                 assert_eq!(ours.dims(), (n, k));
+                let b = offsets(&ours);
                 for m in [1, 3, 17, 32] {
                     let mut rng = ChaCha8Rng::seed_from_u64((m * 1000 + k + n) as u64);
                     let x = random(&mut rng, m * k);
                     let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
                     let y = ours.forward(&xt).unwrap();
                     assert_eq!(y.dims(), &[m, n]);
-                    worst = worst.max(check_against_f64(&x, &w, &values(&y), (m, n, k)));
+                    worst = worst.max(check_against_f64(&x, (&w, &b), &values(&y), (m, n, k)));
                 }
             }
         }
     }
-    println!("worst error relative to Σ|x·w|: {worst:.3e}");
+    println!("worst error relative to the magnitude: {worst:.3e}");
+}
+
+/// Blocks of random bytes (offsets far from the scales, so `a · Σ q x` and `b · Σ x`
+/// cancel) stay within the same bound.
+#[test]
+fn random_blocks_match_f64_reference() {
+    for (f, dtype) in FORMATS.into_iter().enumerate() {
+        if dtype.block_size() == 1 {
+            continue; // dense: their own test
+        }
+        let (n, k) = (37, 2 * dtype.block_size().max(256));
+        let q = random_blocks(dtype, n, k, 40 + f as u64);
+        let ours = CpuQuantMatrix::from_qtensor(&q).unwrap();
+        let w = values(&q.dequantize(&Device::Cpu).unwrap());
+        let b = offsets(&ours);
+        for m in [1, 7] {
+            let mut rng = ChaCha8Rng::seed_from_u64(m as u64);
+            let x = random(&mut rng, m * k);
+            check_against_f64(&x, (&w, &b), &ours.matmul(&x, isa(), None), (m, n, k));
+        }
+    }
 }
 
 #[test]
@@ -376,7 +422,7 @@ fn dense_rows_are_exact_and_batch_invariant() {
                 "{name} row {r}"
             );
         }
-        check_against_f64(&x, &wf, &all, (m, n, k));
+        check_against_f64(&x, (&wf, &vec![0.0; n * k]), &all, (m, n, k));
     }
     // Special values (including signalling NaNs) survive as candle converts them.
     let special = [

@@ -1,8 +1,8 @@
 //! Dense weights (GGUF F32/F16/BF16 tensors, Hugging Face checkpoints) in the shape of the
-//! 32-input blocks: pair `j` = inputs `j` and `j + 16` of each 32. "Dequantization" is a
-//! load (f32) or an exact widening (f16, bf16: kept 2 bytes a weight), so dense weights
-//! get the same fixed arithmetic per output, and hence the same batch invariance. A
-//! column's raw block is its 32 weights, little-endian.
+//! 32-input blocks: pair `j` = inputs `j` and `j + 16` of each 32. The "quants" are the
+//! weights themselves, loaded (f32) or widened exactly (f16, bf16: kept 2 bytes a weight),
+//! and the factor is 1, so dense weights get the same fixed arithmetic per output, and
+//! hence the same batch invariance. A column's raw block is its 32 weights, little-endian.
 //!
 //! NaN payloads: candle (the `half` crate) widens a signalling f16 / bf16 NaN to a quiet
 //! f32 NaN. The tiles store such a NaN with its quiet bit already set, so that the plain
@@ -11,7 +11,7 @@
 
 use super::super::simd::Simd;
 use super::super::{Half, LANES};
-use super::{At, Tile};
+use super::{At, Factors, Tile};
 
 /// Dense f32 weights.
 #[derive(Clone, Copy)]
@@ -28,7 +28,6 @@ impl Tile for F32 {
     const ZERO: Self = F32 {
         w: [[[0.0; LANES]; 2]; 16],
     };
-    type Scales<S: Simd> = ();
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         let at = |i: usize| {
             f32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]])
@@ -39,9 +38,15 @@ impl Tile for F32 {
         }
     }
     #[inline(always)]
-    fn scales<S: Simd>(&self, _: S, _: usize) {}
+    fn factors<S: Simd>(&self, s: S, _: usize) -> Factors<S::V> {
+        Factors::scale(s.splat(1.0), s.zero())
+    }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, _: &(), at: At) -> [S::V; 2] {
+    fn weights<S: Simd>(&self, s: S, _: &Factors<S::V>, at: At) -> [S::V; 2] {
+        self.quants(s, at)
+    }
+    #[inline(always)]
+    fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
         let j = at.pair;
         [s.load(&self.w[j][0]), s.load(&self.w[j][1])]
     }
@@ -83,14 +88,19 @@ impl Tile for F16 {
     const ZERO: Self = F16 {
         w: [[[0; LANES]; 2]; 16],
     };
-    type Scales<S: Simd> = ();
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         set_halves(&mut self.w, c, raw, 0x0200);
     }
     #[inline(always)]
-    fn scales<S: Simd>(&self, _: S, _: usize) {}
+    fn factors<S: Simd>(&self, s: S, _: usize) -> Factors<S::V> {
+        Factors::scale(s.splat(1.0), s.zero())
+    }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, _: &(), at: At) -> [S::V; 2] {
+    fn weights<S: Simd>(&self, s: S, _: &Factors<S::V>, at: At) -> [S::V; 2] {
+        self.quants(s, at)
+    }
+    #[inline(always)]
+    fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
         let j = at.pair;
         [s.f16s(&self.w[j][0]), s.f16s(&self.w[j][1])]
     }
@@ -110,14 +120,19 @@ impl Tile for Bf16 {
     const ZERO: Self = Bf16 {
         w: [[[0; LANES]; 2]; 16],
     };
-    type Scales<S: Simd> = ();
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         set_halves(&mut self.w, c, raw, 0x0040);
     }
     #[inline(always)]
-    fn scales<S: Simd>(&self, _: S, _: usize) {}
+    fn factors<S: Simd>(&self, s: S, _: usize) -> Factors<S::V> {
+        Factors::scale(s.splat(1.0), s.zero())
+    }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, _: &(), at: At) -> [S::V; 2] {
+    fn weights<S: Simd>(&self, s: S, _: &Factors<S::V>, at: At) -> [S::V; 2] {
+        self.quants(s, at)
+    }
+    #[inline(always)]
+    fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
         let j = at.pair;
         [s.bf16s(&self.w[j][0]), s.bf16s(&self.w[j][1])]
     }

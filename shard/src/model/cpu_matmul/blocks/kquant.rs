@@ -1,20 +1,24 @@
 //! The K-quant super-blocks of 256 inputs: Q4_K, Q5_K, Q6_K.
 //!
-//! Q4_K / Q5_K: four parts of 32 pairs, part `p` = the 64 inputs `64 p ..`, pair `l` =
-//! inputs `64 p + l` (sub-block `2 p`, the low nibble of byte `l`) and `64 p + 32 + l`
-//! (sub-block `2 p + 1`, the high nibble). `w = d1 * q - m1` with `d1 = d * sc`, `m1 =
-//! dmin * m` as candle computes them (6-bit `sc`, `m` times an f16: exact), and `d1 * q`
-//! exact too (≤ 17 + 5 significant bits), so the fused `fma(q, d1, -m1)` rounds the same
-//! exact difference once, as candle's `d1 * q - m1` does.
+//! Q4_K / Q5_K: eight sub-blocks of 32 inputs, each with its own 6-bit scale `sc` and min
+//! `m`; `w = d1 * q - m1` with `d1 = d * sc`, `m1 = dmin * m` as candle computes them
+//! (6-bit values times an f16: exact), and `d1 * q` exact too (≤ 17 + 5 significant
+//! bits), so the fused `fma(q, d1, -m1)` rounds the same exact difference once, as
+//! candle's `d1 * q - m1` does. ggml keeps inputs `64 g + l` and `64 g + 32 + l` (two
+//! sub-blocks) in the low and high nibble of one byte; the tiles re-pair the nibbles at
+//! load so that a part is one sub-block, as in Q4_1: part `p` = inputs `32 p ..`, pair `j`
+//! = inputs `32 p + j` (low nibble) and `32 p + j + 16` (high nibble). Factors: `a = d1`,
+//! `b = -m1`, one pair for the whole part, so these formats take the kernel's fast path.
 //!
 //! Q6_K: eight parts of 16 pairs (its scales change every 16 inputs), part `p` = half
 //! `h = p / 4` (inputs `128 h ..`), pairs `j = 16 (p % 4) ..` of it, each the inputs
 //! `128 h + j` (the low nibble of `ql` byte `j`) and `128 h + j + 64` (its high nibble).
 //! `w = (d * sc) * q`: `d * sc` is exact (11 + 8 bits), the second product may round, and
-//! is computed in that same order.
+//! is computed in that same order. The factors are `a = d * sc`, and a pair's two inputs
+//! are different sub-blocks with their own (a split).
 
 use super::super::simd::{Bytes, Simd};
-use super::{f16_at, set_bit, set_lane_bytes, At, Scales, Tile, TILE};
+use super::{f16_at, set_bit, set_lane_bytes, At, Factors, Scales, Tile, TILE};
 
 /// The 12 packed scale bytes of 16 columns, two bytes a row: `sc[i][c]` is column `c`'s
 /// byte `2 i`, `sc[i][16 + c]` its byte `2 i + 1`.
@@ -77,21 +81,35 @@ impl KScales {
         set_packed_scales(&mut self.sc, c, &raw[4..16]);
     }
 
-    /// Part `p`'s `[d1, -m1, d2, -m2]` (sub-blocks `2 p` and `2 p + 1`).
+    /// Sub-block `p`'s factors: `a = d1`, `b = -m1`.
     #[inline(always)]
-    fn part<S: Simd>(&self, s: S, p: usize) -> [S::V; 4] {
-        let (scale, min) = scale_min(s, &self.sc, p);
-        let [s1, s2] = s.widen_unsigned(scale);
-        let [m1, m2] = s.widen_unsigned(min);
+    fn part<S: Simd>(&self, s: S, p: usize) -> Factors<S::V> {
+        let (scale, min) = scale_min(s, &self.sc, p / 2);
+        let sc = s.widen_unsigned(scale)[p % 2];
+        let m = s.widen_unsigned(min)[p % 2];
         let d = s.f16s(&self.d);
         // `(-dmin) * m` is `-(dmin * m)`, rounded alike (exactly).
         let minus_dmin = s.mul(s.f16s(&self.dmin), s.splat(-1.0));
-        [
-            s.mul(d, s1),
-            s.mul(minus_dmin, m1),
-            s.mul(d, s2),
-            s.mul(minus_dmin, m2),
-        ]
+        let (a, b) = (s.mul(d, sc), s.mul(minus_dmin, m));
+        Factors {
+            a: [a, a],
+            b: [b, b],
+        }
+    }
+}
+
+/// The 4-bit quant of a Q4_K / Q5_K column's input `i` (of 256), from its 128 `qs` bytes.
+fn k_nibble(qs: &[u8], i: usize) -> u8 {
+    let (g, r) = (i / 64, i % 64);
+    (qs[32 * g + r % 32] >> (4 * (r / 32))) & 0x0F
+}
+
+/// Re-pairs a column's 128 `qs` bytes into lane `c` of `out`: byte `16 p + j` gets the
+/// quants of inputs `32 p + j` (low nibble) and `32 p + j + 16` (high nibble).
+fn set_paired_nibbles(out: &mut [[u8; TILE]; 128], c: usize, qs: &[u8]) {
+    for (b, row) in out.iter_mut().enumerate() {
+        let (p, j) = (b / 16, b % 16);
+        row[c] = k_nibble(qs, 32 * p + j) | (k_nibble(qs, 32 * p + j + 16) << 4);
     }
 }
 
@@ -99,82 +117,78 @@ impl KScales {
 #[derive(Clone, Copy)]
 pub(in super::super) struct Q4K {
     head: KScales,
-    /// `qs[32 p + l][c]`: column `c`'s byte `32 p + l` (inputs `64 p + l`, `64 p + 32 + l`).
+    /// `qs[16 p + j][c]`: column `c`'s quants of inputs `32 p + j` (low nibble) and
+    /// `32 p + j + 16` (high nibble).
     qs: [[u8; TILE]; 128],
 }
 
 impl Tile for Q4K {
     const RAW_BYTES: usize = 144;
-    const PARTS: usize = 4;
-    const PAIRS: usize = 32;
-    const SPAN: usize = 32;
+    const PARTS: usize = 8;
+    const PAIRS: usize = 16;
+    const SPAN: usize = 16;
     const ZERO: Self = Q4K {
         head: KScales::ZERO,
         qs: [[0; TILE]; 128],
     };
-    type Scales<S: Simd> = [S::V; 4];
+    const OFFSET: bool = true;
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         self.head.set_column(c, raw);
-        set_lane_bytes(&mut self.qs, c, &raw[16..144]);
+        set_paired_nibbles(&mut self.qs, c, &raw[16..144]);
     }
     #[inline(always)]
-    fn scales<S: Simd>(&self, s: S, p: usize) -> [S::V; 4] {
+    fn factors<S: Simd>(&self, s: S, p: usize) -> Factors<S::V> {
         self.head.part(s, p)
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, sc: &[S::V; 4], at: At) -> [S::V; 2] {
-        let (p, l) = (at.part, at.pair);
-        let [d1, m1, d2, m2] = *sc;
-        let [lo, hi] = s.widen_unsigned(s.nibble_bytes(&self.qs[32 * p + l]));
-        [s.mul_add(lo, d1, m1), s.mul_add(hi, d2, m2)]
+    fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
+        s.nibbles(&self.qs[16 * at.part + at.pair])
     }
 }
 
 /// Q5_K: `{d, dmin, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]}` per column; input
-/// `64 p + l` has its 5th bit in bit `2 p` of `qh[l]`, input `64 p + 32 + l` in bit `2 p + 1`.
+/// `64 g + l` has its 5th bit in bit `2 g` of `qh[l]`, input `64 g + 32 + l` in bit `2 g + 1`.
 #[derive(Clone, Copy)]
 pub(in super::super) struct Q5K {
     head: KScales,
-    /// Bit planes: `qh[p][l]` bit `c` is the 5th bit of column `c`'s input `64 p + l`, bit
-    /// `16 + c` that of its input `64 p + 32 + l` (the same 32 bytes per column).
-    qh: [[u32; 32]; 4],
+    /// Bit planes: `qh[p][j]` bit `c` is the 5th bit of column `c`'s input `32 p + j`, bit
+    /// `16 + c` that of its input `32 p + j + 16` (the same 32 bytes per column).
+    qh: [[u32; 16]; 8],
+    /// As Q4_K's.
     qs: [[u8; TILE]; 128],
 }
 
 impl Tile for Q5K {
     const RAW_BYTES: usize = 176;
-    const PARTS: usize = 4;
-    const PAIRS: usize = 32;
-    const SPAN: usize = 32;
+    const PARTS: usize = 8;
+    const PAIRS: usize = 16;
+    const SPAN: usize = 16;
     const ZERO: Self = Q5K {
         head: KScales::ZERO,
-        qh: [[0; 32]; 4],
+        qh: [[0; 16]; 8],
         qs: [[0; TILE]; 128],
     };
-    type Scales<S: Simd> = [S::V; 4];
+    const OFFSET: bool = true;
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         self.head.set_column(c, raw);
+        let fifth = |i: usize| (raw[16 + i % 32] >> (2 * (i / 64) + (i % 64) / 32)) & 1 == 1;
         for (p, planes) in self.qh.iter_mut().enumerate() {
-            for (l, plane) in planes.iter_mut().enumerate() {
-                let h = raw[16 + l];
-                set_bit(plane, c, (h >> (2 * p)) & 1 == 1);
-                set_bit(plane, TILE + c, (h >> (2 * p + 1)) & 1 == 1);
+            for (j, plane) in planes.iter_mut().enumerate() {
+                set_bit(plane, c, fifth(32 * p + j));
+                set_bit(plane, TILE + c, fifth(32 * p + j + 16));
             }
         }
-        set_lane_bytes(&mut self.qs, c, &raw[48..176]);
+        set_paired_nibbles(&mut self.qs, c, &raw[48..176]);
     }
     #[inline(always)]
-    fn scales<S: Simd>(&self, s: S, p: usize) -> [S::V; 4] {
+    fn factors<S: Simd>(&self, s: S, p: usize) -> Factors<S::V> {
         self.head.part(s, p)
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, sc: &[S::V; 4], at: At) -> [S::V; 2] {
-        let (p, l) = (at.part, at.pair);
-        let [d1, m1, d2, m2] = *sc;
-        let fifth = s.and(s.bits(&self.qh[p][l]), s.splat_bytes(0x10));
-        let q = s.or(s.nibble_bytes(&self.qs[32 * p + l]), fifth);
-        let [lo, hi] = s.widen_unsigned(q);
-        [s.mul_add(lo, d1, m1), s.mul_add(hi, d2, m2)]
+    fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
+        let (p, j) = (at.part, at.pair);
+        let fifth = s.and(s.bits(&self.qh[p][j]), s.splat_bytes(0x10));
+        s.widen_unsigned(s.or(s.nibble_bytes(&self.qs[16 * p + j]), fifth))
     }
 }
 
@@ -212,7 +226,7 @@ impl Tile for Q6K {
         ql: [[0; TILE]; 128],
         qh: [[0; 2 * TILE]; 32],
     };
-    type Scales<S: Simd> = [S::V; 2];
+    const SPLIT: bool = true;
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         set_lane_bytes(&mut self.ql, c, &raw[0..128]);
         let qh = &raw[128..192];
@@ -234,13 +248,16 @@ impl Tile for Q6K {
         self.d[c] = f16_at(raw, 208);
     }
     #[inline(always)]
-    fn scales<S: Simd>(&self, s: S, p: usize) -> [S::V; 2] {
+    fn factors<S: Simd>(&self, s: S, p: usize) -> Factors<S::V> {
         let d = s.f16s(&self.d);
         let [lo, hi] = s.widen_signed(s.bytes(&self.sc[p]));
-        [s.mul(d, lo), s.mul(d, hi)]
+        Factors {
+            a: [s.mul(d, lo), s.mul(d, hi)],
+            b: [s.zero(), s.zero()],
+        }
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, sc: &[S::V; 2], at: At) -> [S::V; 2] {
+    fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
         let (p, t) = (at.part, at.pair);
         let (h, i) = (p / 4, p % 4);
         // Bits `2 i ..` of the re-laid `qh` to bits 4 and 5, beside the nibble.
@@ -253,7 +270,6 @@ impl Tile for Q6K {
             s.nibble_bytes(&self.ql[64 * h + 16 * i + t]),
             s.and(upper, s.splat_bytes(0x30)),
         );
-        let [lo, hi] = s.widen_signed(s.sub_bytes(q6, s.splat_bytes(32)));
-        [s.mul(sc[0], lo), s.mul(sc[1], hi)]
+        s.widen_signed(s.sub_bytes(q6, s.splat_bytes(32)))
     }
 }

@@ -2,15 +2,17 @@
 //! = inputs `j` and `j + 16` (byte `j` holds both in Q4/Q5; Q8_0 keeps them 16 bytes
 //! apart).
 //!
-//! Why the weights equal candle's `to_float` bit for bit: `q * d` is exact in f32 (|q| ≤
-//! 128 has at most 8 significant bits, an f16 scale at most 11), so the only rounding is
-//! Q4_1's and Q5_1's `+ m`, and a fused `q * d + m` rounds that same exact sum once
-//! (signed zeros included). The offsets (`q - 8`, `q - 16`) are applied to the integer
-//! before it is scaled, as candle does, never as `q * d - 8 * d` (which gives +0.0 where
-//! candle gives -0.0 for a negative `d`).
+//! The quants are the integers candle scales (`q - 8`, `q5 - 16`, the nibble, the i8), the
+//! factors `a = d` and, for Q4_1 and Q5_1, `b = m`; one scale for the whole block, so no
+//! split. Why the weights equal candle's `to_float` bit for bit: `q * d` is exact in f32
+//! (|q| ≤ 128 has at most 8 significant bits, an f16 scale at most 11), so the only
+//! rounding is Q4_1's and Q5_1's `+ m`, and a fused `q * d + m` rounds that same exact sum
+//! once (signed zeros included). The fixed offsets (`- 8`, `- 16`) are applied to the
+//! integer before it is scaled, as candle does, never as `q * d - 8 * d` (which gives +0.0
+//! where candle gives -0.0 for a negative `d`).
 
 use super::super::simd::{Bytes, Simd};
-use super::{f16_at, set_bit, set_lane_bytes, At, Scales, Tile, TILE};
+use super::{f16_at, set_bit, set_lane_bytes, At, Factors, Scales, Tile, TILE};
 
 /// Q4_0: `{d: f16, qs: [u8; 16]}` per column, `w = (nibble - 8) * d`.
 #[derive(Clone, Copy)]
@@ -29,22 +31,19 @@ impl Tile for Q4_0 {
         d: [0; TILE],
         qs: [[0; TILE]; 16],
     };
-    type Scales<S: Simd> = [S::V; 2];
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         self.d[c] = f16_at(raw, 0);
         set_lane_bytes(&mut self.qs, c, &raw[2..18]);
     }
     #[inline(always)]
-    fn scales<S: Simd>(&self, s: S, _: usize) -> [S::V; 2] {
-        [s.f16s(&self.d), s.splat(-8.0)]
+    fn factors<S: Simd>(&self, s: S, _: usize) -> Factors<S::V> {
+        Factors::scale(s.f16s(&self.d), s.zero())
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], at: At) -> [S::V; 2] {
-        let j = at.pair;
-        // `(nibble - 8) * d`, both steps exact.
-        let [d, minus8] = *scales;
-        let [lo, hi] = s.nibbles(&self.qs[j]);
-        [s.mul(s.add(lo, minus8), d), s.mul(s.add(hi, minus8), d)]
+    fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
+        // `nibble - 8`, as an i8.
+        let q = s.sub_bytes(s.nibble_bytes(&self.qs[at.pair]), s.splat_bytes(8));
+        s.widen_signed(q)
     }
 }
 
@@ -66,22 +65,23 @@ impl Tile for Q4_1 {
         m: [0; TILE],
         qs: [[0; TILE]; 16],
     };
-    type Scales<S: Simd> = [S::V; 2];
+    const OFFSET: bool = true;
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         self.d[c] = f16_at(raw, 0);
         self.m[c] = f16_at(raw, 2);
         set_lane_bytes(&mut self.qs, c, &raw[4..20]);
     }
     #[inline(always)]
-    fn scales<S: Simd>(&self, s: S, _: usize) -> [S::V; 2] {
-        [s.f16s(&self.d), s.f16s(&self.m)]
+    fn factors<S: Simd>(&self, s: S, _: usize) -> Factors<S::V> {
+        let (d, m) = (s.f16s(&self.d), s.f16s(&self.m));
+        Factors {
+            a: [d, d],
+            b: [m, m],
+        }
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], at: At) -> [S::V; 2] {
-        let j = at.pair;
-        let [d, m] = *scales;
-        let [lo, hi] = s.nibbles(&self.qs[j]);
-        [s.mul_add(lo, d, m), s.mul_add(hi, d, m)]
+    fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
+        s.nibbles(&self.qs[at.pair])
     }
 }
 
@@ -114,28 +114,26 @@ impl Tile for Q5_0 {
         qh: [0; 16],
         qs: [[0; TILE]; 16],
     };
-    type Scales<S: Simd> = S::V;
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         self.d[c] = f16_at(raw, 0);
         set_fifth_bits(&mut self.qh, c, &raw[2..6]);
         set_lane_bytes(&mut self.qs, c, &raw[6..22]);
     }
     #[inline(always)]
-    fn scales<S: Simd>(&self, s: S, _: usize) -> S::V {
-        s.f16s(&self.d)
+    fn factors<S: Simd>(&self, s: S, _: usize) -> Factors<S::V> {
+        Factors::scale(s.f16s(&self.d), s.zero())
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, d: &S::V, at: At) -> [S::V; 2] {
+    fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
         let j = at.pair;
         // `q5 - 16` as an i8: the nibble where the 5th bit is set, else the nibble with
-        // its upper four bits set (`nibble | 0xF0` is `nibble - 16`). Then `* d`, exact.
+        // its upper four bits set (`nibble | 0xF0` is `nibble - 16`).
         let fifth = s.bits(&self.qh[j]);
         let q = s.or(
             s.nibble_bytes(&self.qs[j]),
             s.and_not(fifth, s.splat_bytes(0xF0)),
         );
-        let [lo, hi] = s.widen_signed(q);
-        [s.mul(lo, *d), s.mul(hi, *d)]
+        s.widen_signed(q)
     }
 }
 
@@ -159,7 +157,7 @@ impl Tile for Q5_1 {
         qh: [0; 16],
         qs: [[0; TILE]; 16],
     };
-    type Scales<S: Simd> = [S::V; 2];
+    const OFFSET: bool = true;
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         self.d[c] = f16_at(raw, 0);
         self.m[c] = f16_at(raw, 2);
@@ -167,17 +165,18 @@ impl Tile for Q5_1 {
         set_lane_bytes(&mut self.qs, c, &raw[8..24]);
     }
     #[inline(always)]
-    fn scales<S: Simd>(&self, s: S, _: usize) -> [S::V; 2] {
-        [s.f16s(&self.d), s.f16s(&self.m)]
+    fn factors<S: Simd>(&self, s: S, _: usize) -> Factors<S::V> {
+        let (d, m) = (s.f16s(&self.d), s.f16s(&self.m));
+        Factors {
+            a: [d, d],
+            b: [m, m],
+        }
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, scales: &[S::V; 2], at: At) -> [S::V; 2] {
+    fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
         let j = at.pair;
-        let [d, m] = *scales;
         let fifth = s.and(s.bits(&self.qh[j]), s.splat_bytes(0x10));
-        let q = s.or(s.nibble_bytes(&self.qs[j]), fifth);
-        let [lo, hi] = s.widen_unsigned(q);
-        [s.mul_add(lo, d, m), s.mul_add(hi, d, m)]
+        s.widen_unsigned(s.or(s.nibble_bytes(&self.qs[j]), fifth))
     }
 }
 
@@ -194,12 +193,10 @@ impl Tile for Q8_0 {
     const PARTS: usize = 1;
     const PAIRS: usize = 16;
     const SPAN: usize = 16;
-    const AVX2_ROWS: usize = 4;
     const ZERO: Self = Q8_0 {
         d: [0; TILE],
         qs: [[0; 2 * TILE]; 16],
     };
-    type Scales<S: Simd> = S::V;
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         self.d[c] = f16_at(raw, 0);
         for (j, q) in self.qs.iter_mut().enumerate() {
@@ -208,13 +205,11 @@ impl Tile for Q8_0 {
         }
     }
     #[inline(always)]
-    fn scales<S: Simd>(&self, s: S, _: usize) -> S::V {
-        s.f16s(&self.d)
+    fn factors<S: Simd>(&self, s: S, _: usize) -> Factors<S::V> {
+        Factors::scale(s.f16s(&self.d), s.zero())
     }
     #[inline(always)]
-    fn pair<S: Simd>(&self, s: S, d: &S::V, at: At) -> [S::V; 2] {
-        let j = at.pair;
-        let [lo, hi] = s.signed_bytes(&self.qs[j]);
-        [s.mul(lo, *d), s.mul(hi, *d)]
+    fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
+        s.signed_bytes(&self.qs[at.pair])
     }
 }

@@ -104,10 +104,6 @@ impl Simd for Avx2 {
         unsafe { [_mm256_mul_ps(a[0], b[0]), _mm256_mul_ps(a[1], b[1])] }
     }
     #[inline(always)]
-    fn add(self, a: Self::V, b: Self::V) -> Self::V {
-        unsafe { [_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1])] }
-    }
-    #[inline(always)]
     fn nibbles(self, q: &[u8; 16]) -> [Self::V; 2] {
         unsafe {
             let v = _mm_loadu_si128(q.as_ptr().cast());
@@ -290,10 +286,6 @@ impl Simd for Avx512 {
     #[inline(always)]
     fn mul(self, a: Self::V, b: Self::V) -> Self::V {
         unsafe { _mm512_mul_ps(a, b) }
-    }
-    #[inline(always)]
-    fn add(self, a: Self::V, b: Self::V) -> Self::V {
-        unsafe { _mm512_add_ps(a, b) }
     }
     #[inline(always)]
     fn nibbles(self, q: &[u8; 16]) -> [Self::V; 2] {

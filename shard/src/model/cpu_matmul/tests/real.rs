@@ -52,11 +52,13 @@ fn check_file(file: &str) -> BTreeSet<&'static str> {
         let picked: Vec<f32> = (0..m)
             .flat_map(|r| rows.iter().map(move |&j| y[r * n + j]))
             .collect();
-        let wp: Vec<f32> = rows
-            .iter()
-            .flat_map(|&j| w[j * k..(j + 1) * k].iter().copied())
-            .collect();
-        check_against_f64(&x, &wp, &picked, (m, rows.len(), k));
+        let b = offsets(&ours);
+        let pick = |v: &[f32]| -> Vec<f32> {
+            rows.iter()
+                .flat_map(|&j| v[j * k..(j + 1) * k].iter().copied())
+                .collect()
+        };
+        check_against_f64(&x, (&pick(&w), &pick(&b)), &picked, (m, rows.len(), k));
     }
     println!("{file}: formats {formats:?}");
     formats
