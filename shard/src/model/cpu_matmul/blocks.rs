@@ -67,6 +67,10 @@ pub(super) trait Tile: Copy + Send + Sync {
     /// Whether a part's two halves have their own factors (the K-quants: the halves are
     /// different sub-blocks), so that each output keeps a sum per half.
     const SPLIT: bool = false;
+    /// Whether a piece of many rows takes each tile column unpacked once into a buffer
+    /// (`kernel::unpacked`): not where unpacking costs less than loading the buffer back
+    /// (Q8_0: 65 against 80 GFLOP/s at 16 rows; dense weights). Speed only.
+    const UNPACK_ONCE: bool = true;
     /// Puts column `c`'s raw block (`raw.len() == RAW_BYTES`) into lane `c`.
     fn set_column(&mut self, c: usize, raw: &[u8]);
     /// Part `p`'s factors. (`#[inline(always)]` in every impl: see `simd`, "Inlining".)

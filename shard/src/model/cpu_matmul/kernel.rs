@@ -2,12 +2,16 @@
 
 use std::sync::OnceLock;
 
-use super::blocks::{self, first_input, At, Tile, TileColumns, TILE};
-use super::input::{half_sum, Rows};
+use super::blocks::{self, Tile, TileColumns, TILE};
+use super::input::Rows;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Avx2, Avx512};
 use super::simd::{Portable, Simd};
-use super::{Half, LANES};
+use super::Half;
+use dot::{dot, Packed};
+
+mod dot;
+mod unpacked;
 
 /// Bytes of activation rows swept over one group of tiles before the next group: they
 /// stay in L2 while the group's weights stay in L1. Speed only.
@@ -53,34 +57,51 @@ pub(super) fn isa() -> Isa {
     })
 }
 
+/// Rows per piece are a multiple of this: of every kernel's row groups (8, 6, 4).
+const PIECE_ROWS: usize = 24;
+
 /// The tile columns of `m` for the rows `x` (`m.k()` f32 each) into `out`: one piece per
 /// row, one sum per column (the last tile may cover fewer columns than 16), with the
 /// kernel for `isa`.
+///
+/// The rows go in pieces of about [`PIECE_BYTES`]; each piece is swept over every group
+/// of tiles in turn, so a group's weights are read from memory once per piece and then
+/// from L1 or L2, and the piece's rows from L2. A piece of many rows takes each tile
+/// column unpacked once (`unpacked`), a smaller one streams the tiles ([`sweep`]). The
+/// two are separate `#[target_feature]` functions: compiled as one, the single-row loop
+/// lost 7% (registers LLVM kept for the other path).
 pub(super) fn columns<T: Tile>(m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]], isa: Isa) {
-    match isa {
-        Isa::Portable => columns_portable(Portable, m, x, out),
-        // SAFETY: the token `t` exists only if the CPU has the features these
-        // functions enable (see `simd`).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2(t) => unsafe { columns_avx2(t, m, x, out) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512(t) => unsafe { columns_avx512(t, m, x, out) },
+    let rows_per_piece = (PIECE_BYTES / (4 * m.k())).max(PIECE_ROWS) / PIECE_ROWS * PIECE_ROWS;
+    for (p, out) in out.chunks_mut(rows_per_piece).enumerate() {
+        let x = x.from(p * rows_per_piece);
+        let once = T::UNPACK_ONCE && out.len() >= unpacked::MIN_ROWS;
+        match isa {
+            Isa::Portable if once => unpacked::sweep::<_, T, 4, 0>(Portable, m, x, out),
+            Isa::Portable => sweep::<_, T, 4, 1, 0, 0, 1, 2>(Portable, m, x, out),
+            // SAFETY: the token `t` exists only if the CPU has the features these
+            // functions enable (see `simd`).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2(t) if once => unsafe { unpacked_avx2(t, m, x, out) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2(t) => unsafe { stream_avx2(t, m, x, out) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512(t) if once => unsafe { unpacked_avx512(t, m, x, out) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512(t) => unsafe { stream_avx512(t, m, x, out) },
+        }
     }
-}
-
-/// The portable kernel (no `#[target_feature]`: it needs none).
-fn columns_portable<T: Tile>(t: Portable, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
-    sweep::<_, T, 4, 1, 0, 0, 1, 2>(t, m, x, out)
 }
 
 // The entry functions below (and `row`'s) are the kernel's only `#[target_feature]`
 // functions: everything they call is `#[inline(always)]` and inlines into them (see
-// `simd`, "Inlining").
+// `simd`, "Inlining"). The portable kernel needs no features.
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn columns_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
+fn stream_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
     // A vector is 2 ymm, and each row and tile keeps a sum per half of a part (one
     // without a split): 6 rows x 1 tile = 12 sum registers, so each unpacked quant feeds 6
     // rows, leaving registers for the unpacking; one row gets 4 tiles for 8 chains (as
@@ -95,8 +116,19 @@ fn columns_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Rows, out: &mut [&mut [f
 }
 
 #[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpacked_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
+    // The row groups of `stream_avx2`.
+    if T::SPLIT {
+        unpacked::sweep::<_, T, 4, 0>(t, m, x, out)
+    } else {
+        unpacked::sweep::<_, T, 6, 4>(t, m, x, out)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn columns_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
+fn stream_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
     // 8 rows x 1 tile = 8 sum registers of the 32 (16 with a split): each unpacked quant
     // vector feeds 8 FMAs; 4 rows x 2 tiles as many. One row: 8 tiles (4 with a split),
     // 8 independent chains.
@@ -105,6 +137,13 @@ fn columns_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&mu
     } else {
         sweep::<_, T, 8, 1, 4, 2, 4, 8>(t, m, x, out)
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn unpacked_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
+    // The row groups of `stream_avx512`.
+    unpacked::sweep::<_, T, 8, 4>(t, m, x, out)
 }
 
 /// Lane `c` of the tile column `column` (its tiles) into `out`, with the kernel variant
@@ -133,16 +172,12 @@ fn row_avx512<T: Tile>(t: Avx512, column: &[T], c: usize, out: &mut [f32]) {
     blocks::row(t, column, c, out)
 }
 
-/// All rows of `out` against all tile columns of `m`: rows `R` at a time against `C`
-/// tiles at a time; the rows left over `R2` at a time against `C2` tiles (if `2 < R2 <
-/// R`), then 2 at a time against `C22` tiles (if `R > 2`); the last one alone against `C1`
-/// tiles at a time (then fewer, for the tiles left over). Every output is the same chain
-/// of multiply-adds whichever path computes it (see [`dot`]); the paths differ in speed
-/// only.
-///
-/// The rows go in pieces of about [`PIECE_BYTES`]; each piece is swept over every group
-/// of tiles in turn, so a group's weights are read from memory once per piece and then
-/// from L1 or L2, and the piece's rows from L2.
+/// All rows of `out` (a piece) against all tile columns of `m`: rows `R` at a time
+/// against `C` tiles at a time; the rows left over `R2` at a time against `C2` tiles (if
+/// `2 < R2 < R`), then 2 at a time against `C22` tiles (if `R > 2`); the last one alone
+/// against `C1` tiles at a time (then fewer, for the tiles left over). Every output is
+/// the same chain of multiply-adds whichever path computes it (see [`dot`]); the paths
+/// differ in speed only.
 ///
 /// The middle groups matter for small batches (a few streams, or one stream's verified
 /// draft): without them the rows left over from the big groups went one by one, each
@@ -163,22 +198,18 @@ fn sweep<
     x: Rows,
     out: &mut [&mut [f32]],
 ) {
-    let rows_per_piece = (PIECE_BYTES / (4 * m.k())).max(R) / R * R;
-    for (p, out) in out.chunks_mut(rows_per_piece).enumerate() {
-        let x = x.from(p * rows_per_piece);
-        let mut done = tier::<S, T, R, C>(s, m, x, out);
-        if 2 < R2 && R2 < R {
-            done += tier::<S, T, R2, C2>(s, m, x.from(done), &mut out[done..]);
-        }
-        if R > 2 {
-            done += tier::<S, T, 2, C22>(s, m, x.from(done), &mut out[done..]);
-        }
-        let (x, single) = (x.from(done), &mut out[done..]);
-        let g = span::<S, T, 1, C1>(s, m, x, single);
-        let g = span::<S, T, 1, 4>(s, m.from(g), x, single);
-        let g = span::<S, T, 1, 2>(s, m.from(g), x, single);
-        span::<S, T, 1, 1>(s, m.from(g), x, single);
+    let mut done = tier::<S, T, R, C>(s, m, x, out);
+    if 2 < R2 && R2 < R {
+        done += tier::<S, T, R2, C2>(s, m, x.from(done), &mut out[done..]);
     }
+    if R > 2 {
+        done += tier::<S, T, 2, C22>(s, m, x.from(done), &mut out[done..]);
+    }
+    let (x, single) = (x.from(done), &mut out[done..]);
+    let g = span::<S, T, 1, C1>(s, m, x, single);
+    let g = span::<S, T, 1, 4>(s, m.from(g), x, single);
+    let g = span::<S, T, 1, 2>(s, m.from(g), x, single);
+    span::<S, T, 1, 1>(s, m.from(g), x, single);
 }
 
 /// The first rows of `out`, as many as make whole groups of `R`, against every tile
@@ -218,7 +249,8 @@ fn span<S: Simd, T: Tile, const R: usize, const C: usize>(
             for (r, row) in rows.iter_mut().enumerate() {
                 *row = x.row(i * R + r);
             }
-            let acc = dot::<S, T, R, C>(s, group, m.nb, &rows);
+            let zero = [[s.zero(); C]; R];
+            let acc = dot::<S, T, _, R, C>(s, &Packed(group, m.nb), 0..m.nb, &rows, zero);
             for (row, acc) in out.iter_mut().zip(&acc) {
                 for (c, v) in acc.iter().enumerate() {
                     store(s, *v, row, (g + c) * TILE);
@@ -228,91 +260,6 @@ fn span<S: Simd, T: Tile, const R: usize, const C: usize>(
         g += C;
     }
     g
-}
-
-/// `R` rows (each in chunks of 16 inputs, with its run sums) against `C` tile columns
-/// (`group`: their tiles, column after column).
-///
-/// The arithmetic of one output, and only this: an f32 accumulator `acc` starts at `0.0`.
-/// For each tile in order, for each part `p`: a sum per half of the part starts at `0.0`
-/// (one sum for both halves without a split, [`Tile::SPLIT`]); for each pair `j` it takes
-/// `fma(x[i], q[i], sum)` and then `fma(x[i + SPAN], q[i + SPAN], sum')` (`sum'` the high
-/// half's sum, or the same one), `i` = the tile's first input + `first_input(p) + j`, `q`
-/// the quants. Then, half after half (or once): `acc = fma(a, sum, acc)`, and with an
-/// offset `acc = fma(b, X, acc)`, `a` and `b` the half's factors and `X` the activations'
-/// sum over the half (`input::half_sum` of the run sums, the two halves' added for one
-/// sum). `R`, `C`, the other rows and columns and the instruction set change none of it:
-/// lanes are columns, so no lane ever holds two rows' or two columns' sums.
-#[inline(always)]
-fn dot<S: Simd, T: Tile, const R: usize, const C: usize>(
-    s: S,
-    group: &[T],
-    nb: usize,
-    rows: &[(&[Half], &[f32]); R],
-) -> [[S::V; C]; R] {
-    let chunks = T::INPUTS / LANES;
-    let mut acc = [[s.zero(); C]; R];
-    for b in 0..nb {
-        let mut tb: [&T; C] = [&group[b]; C];
-        for (c, t) in tb.iter_mut().enumerate() {
-            *t = &group[c * nb + b];
-        }
-        let mut xb: [&[Half]; R] = [&[]; R];
-        for (x, row) in xb.iter_mut().zip(rows) {
-            *x = &row.0[b * chunks..(b + 1) * chunks];
-        }
-        for p in 0..T::PARTS {
-            let mut factors = [tb[0].factors(s, p); C];
-            for (f, t) in factors.iter_mut().zip(&tb).skip(1) {
-                *f = t.factors(s, p);
-            }
-            let first = first_input::<T>(p) / LANES;
-            let hi_sum = usize::from(T::SPLIT);
-            let mut sums = [[[s.zero(); 2]; C]; R];
-            for q in 0..T::PAIRS / LANES {
-                // The 16 inputs of these 16 pairs, and their partners `SPAN` on.
-                let (lo, hi) = (first + q, first + q + T::SPAN / LANES);
-                let mut xl: [&Half; R] = [&xb[0][lo]; R];
-                let mut xh: [&Half; R] = [&xb[0][hi]; R];
-                for ((l, h), x) in xl.iter_mut().zip(&mut xh).zip(&xb) {
-                    *l = &x[lo];
-                    *h = &x[hi];
-                }
-                for t in 0..LANES {
-                    let j = q * LANES + t;
-                    for (c, tile) in tb.iter().enumerate() {
-                        let [ql, qh] = tile.quants(s, At { part: p, pair: j });
-                        for (sum, (l, h)) in sums.iter_mut().zip(xl.iter().zip(&xh)) {
-                            let sum = &mut sum[c];
-                            sum[0] = s.mul_add(s.splat(l[t]), ql, sum[0]);
-                            sum[hi_sum] = s.mul_add(s.splat(h[t]), qh, sum[hi_sum]);
-                        }
-                    }
-                }
-            }
-            let start = b * T::INPUTS + first_input::<T>(p);
-            for ((acc, sums), row) in acc.iter_mut().zip(&sums).zip(rows) {
-                let (lo, hi) = if T::OFFSET {
-                    (
-                        half_sum(row.1, start, T::PAIRS),
-                        half_sum(row.1, start + T::SPAN, T::PAIRS),
-                    )
-                } else {
-                    (0.0, 0.0)
-                };
-                let halves = if T::SPLIT { [lo, hi] } else { [lo + hi, 0.0] };
-                for ((acc, sums), f) in acc.iter_mut().zip(sums).zip(&factors) {
-                    for h in 0..=hi_sum {
-                        *acc = s.mul_add(f.a[h], sums[h], *acc);
-                        if T::OFFSET {
-                            *acc = s.mul_add(f.b[h], s.splat(halves[h]), *acc);
-                        }
-                    }
-                }
-            }
-        }
-    }
-    acc
 }
 
 /// Writes the 16 sums `v` to `row[at..]`, as many as fit (the last tile of a matrix may

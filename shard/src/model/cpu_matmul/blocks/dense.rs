@@ -28,6 +28,7 @@ impl Tile for F32 {
     const ZERO: Self = F32 {
         w: [[[0.0; LANES]; 2]; 16],
     };
+    const UNPACK_ONCE: bool = false;
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         let at = |i: usize| {
             f32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]])
@@ -88,6 +89,7 @@ impl Tile for F16 {
     const ZERO: Self = F16 {
         w: [[[0; LANES]; 2]; 16],
     };
+    const UNPACK_ONCE: bool = false;
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         set_halves(&mut self.w, c, raw, 0x0200);
     }
@@ -120,6 +122,7 @@ impl Tile for Bf16 {
     const ZERO: Self = Bf16 {
         w: [[[0; LANES]; 2]; 16],
     };
+    const UNPACK_ONCE: bool = false;
     fn set_column(&mut self, c: usize, raw: &[u8]) {
         set_halves(&mut self.w, c, raw, 0x0040);
     }

@@ -193,6 +193,7 @@ impl Tile for Q8_0 {
     const PARTS: usize = 1;
     const PAIRS: usize = 16;
     const SPAN: usize = 16;
+    const UNPACK_ONCE: bool = false;
     const ZERO: Self = Q8_0 {
         d: [0; TILE],
         qs: [[0; 2 * TILE]; 16],

@@ -1,0 +1,133 @@
+//! The arithmetic of one output: [`dot`], and where it takes the weights from.
+
+use super::super::blocks::{first_input, At, Factors, Tile};
+use super::super::input::half_sum;
+use super::super::simd::Simd;
+use super::super::{Half, LANES};
+
+use std::ops::Range;
+
+/// Where [`dot`] takes a tile's factors and quants from: the tiles themselves, unpacked
+/// as it goes ([`Packed`]), or a buffer one tile column was unpacked into once
+/// (`unpacked`). Both give the same values, so the source changes speed only.
+pub(super) trait Source<S: Simd, T: Tile> {
+    /// One tile (or its unpacked values), found once per tile.
+    type Block<'a>: Copy
+    where
+        Self: 'a;
+    /// Tile `b` of the `c`-th tile column.
+    fn block(&self, c: usize, b: usize) -> Self::Block<'_>;
+    /// Part `p`'s factors.
+    fn factors(s: S, block: Self::Block<'_>, p: usize) -> Factors<S::V>;
+    /// The quants of pair `at`.
+    fn quants(s: S, block: Self::Block<'_>, at: At) -> [S::V; 2];
+}
+
+/// `C` tile columns' tiles (column after column, `nb` each), unpacked as [`dot`] goes.
+pub(super) struct Packed<'a, T>(pub &'a [T], pub usize);
+
+impl<S: Simd, T: Tile> Source<S, T> for Packed<'_, T> {
+    type Block<'a>
+        = &'a T
+    where
+        Self: 'a;
+    #[inline(always)]
+    fn block(&self, c: usize, b: usize) -> &T {
+        &self.0[c * self.1 + b]
+    }
+    #[inline(always)]
+    fn factors(s: S, block: &T, p: usize) -> Factors<S::V> {
+        block.factors(s, p)
+    }
+    #[inline(always)]
+    fn quants(s: S, block: &T, at: At) -> [S::V; 2] {
+        block.quants(s, at)
+    }
+}
+
+/// `R` rows (each in chunks of 16 inputs, with its run sums) against the tiles `tiles`
+/// of `C` tile columns (their factors and quants from `src`), continuing the outputs'
+/// accumulators `acc` (zeros before the first tile; a caller may stop after any tile and
+/// go on later from the stored accumulators, which changes nothing).
+///
+/// The arithmetic of one output, and only this: an f32 accumulator `acc` starts at `0.0`.
+/// For each tile in order, for each part `p`: a sum per half of the part starts at `0.0`
+/// (one sum for both halves without a split, [`Tile::SPLIT`]); for each pair `j` it takes
+/// `fma(x[i], q[i], sum)` and then `fma(x[i + SPAN], q[i + SPAN], sum')` (`sum'` the high
+/// half's sum, or the same one), `i` = the tile's first input + `first_input(p) + j`, `q`
+/// the quants. Then, half after half (or once): `acc = fma(a, sum, acc)`, and with an
+/// offset `acc = fma(b, X, acc)`, `a` and `b` the half's factors and `X` the activations'
+/// sum over the half (`input::half_sum` of the run sums, the two halves' added for one
+/// sum). `R`, `C`, the other rows and columns, the source and the instruction set change
+/// none of it: lanes are columns, so no lane ever holds two rows' or two columns' sums.
+#[inline(always)]
+pub(super) fn dot<S: Simd, T: Tile, Src: Source<S, T>, const R: usize, const C: usize>(
+    s: S,
+    src: &Src,
+    tiles: Range<usize>,
+    rows: &[(&[Half], &[f32]); R],
+    mut acc: [[S::V; C]; R],
+) -> [[S::V; C]; R] {
+    let chunks = T::INPUTS / LANES;
+    for b in tiles {
+        let mut tb: [Src::Block<'_>; C] = [src.block(0, b); C];
+        for (c, t) in tb.iter_mut().enumerate() {
+            *t = src.block(c, b);
+        }
+        let mut xb: [&[Half]; R] = [&[]; R];
+        for (x, row) in xb.iter_mut().zip(rows) {
+            *x = &row.0[b * chunks..(b + 1) * chunks];
+        }
+        for p in 0..T::PARTS {
+            let mut factors = [Src::factors(s, tb[0], p); C];
+            for (f, t) in factors.iter_mut().zip(&tb).skip(1) {
+                *f = Src::factors(s, *t, p);
+            }
+            let first = first_input::<T>(p) / LANES;
+            let hi_sum = usize::from(T::SPLIT);
+            let mut sums = [[[s.zero(); 2]; C]; R];
+            for q in 0..T::PAIRS / LANES {
+                // The 16 inputs of these 16 pairs, and their partners `SPAN` on.
+                let (lo, hi) = (first + q, first + q + T::SPAN / LANES);
+                let mut xl: [&Half; R] = [&xb[0][lo]; R];
+                let mut xh: [&Half; R] = [&xb[0][hi]; R];
+                for ((l, h), x) in xl.iter_mut().zip(&mut xh).zip(&xb) {
+                    *l = &x[lo];
+                    *h = &x[hi];
+                }
+                for t in 0..LANES {
+                    let j = q * LANES + t;
+                    for (c, tile) in tb.iter().enumerate() {
+                        let [ql, qh] = Src::quants(s, *tile, At { part: p, pair: j });
+                        for (sum, (l, h)) in sums.iter_mut().zip(xl.iter().zip(&xh)) {
+                            let sum = &mut sum[c];
+                            sum[0] = s.mul_add(s.splat(l[t]), ql, sum[0]);
+                            sum[hi_sum] = s.mul_add(s.splat(h[t]), qh, sum[hi_sum]);
+                        }
+                    }
+                }
+            }
+            let start = b * T::INPUTS + first_input::<T>(p);
+            for ((acc, sums), row) in acc.iter_mut().zip(&sums).zip(rows) {
+                let (lo, hi) = if T::OFFSET {
+                    (
+                        half_sum(row.1, start, T::PAIRS),
+                        half_sum(row.1, start + T::SPAN, T::PAIRS),
+                    )
+                } else {
+                    (0.0, 0.0)
+                };
+                let halves = if T::SPLIT { [lo, hi] } else { [lo + hi, 0.0] };
+                for ((acc, sums), f) in acc.iter_mut().zip(sums).zip(&factors) {
+                    for h in 0..=hi_sum {
+                        *acc = s.mul_add(f.a[h], sums[h], *acc);
+                        if T::OFFSET {
+                            *acc = s.mul_add(f.b[h], s.splat(halves[h]), *acc);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    acc
+}
