@@ -249,8 +249,7 @@ fn span<S: Simd, T: Tile, const R: usize, const C: usize>(
             for (r, row) in rows.iter_mut().enumerate() {
                 *row = x.row(i * R + r);
             }
-            let zero = [[s.zero(); C]; R];
-            let acc = dot::<S, T, _, R, C>(s, &Packed(group, m.nb), 0..m.nb, &rows, zero);
+            let acc = dot::<S, T, _, R, C>(s, &Packed(group, m.nb), m.nb, &rows);
             for (row, acc) in out.iter_mut().zip(&acc) {
                 for (c, v) in acc.iter().enumerate() {
                     store(s, *v, row, (g + c) * TILE);

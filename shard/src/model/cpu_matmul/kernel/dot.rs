@@ -5,8 +5,6 @@ use super::super::input::half_sum;
 use super::super::simd::Simd;
 use super::super::{Half, LANES};
 
-use std::ops::Range;
-
 /// Where [`dot`] takes a tile's factors and quants from: the tiles themselves, unpacked
 /// as it goes ([`Packed`]), or a buffer one tile column was unpacked into once
 /// (`unpacked`). Both give the same values, so the source changes speed only.
@@ -45,10 +43,8 @@ impl<S: Simd, T: Tile> Source<S, T> for Packed<'_, T> {
     }
 }
 
-/// `R` rows (each in chunks of 16 inputs, with its run sums) against the tiles `tiles`
-/// of `C` tile columns (their factors and quants from `src`), continuing the outputs'
-/// accumulators `acc` (zeros before the first tile; a caller may stop after any tile and
-/// go on later from the stored accumulators, which changes nothing).
+/// `R` rows (each in chunks of 16 inputs, with its run sums) against `C` tile columns of
+/// `nb` tiles (their factors and quants from `src`).
 ///
 /// The arithmetic of one output, and only this: an f32 accumulator `acc` starts at `0.0`.
 /// For each tile in order, for each part `p`: a sum per half of the part starts at `0.0`
@@ -64,12 +60,12 @@ impl<S: Simd, T: Tile> Source<S, T> for Packed<'_, T> {
 pub(super) fn dot<S: Simd, T: Tile, Src: Source<S, T>, const R: usize, const C: usize>(
     s: S,
     src: &Src,
-    tiles: Range<usize>,
+    nb: usize,
     rows: &[(&[Half], &[f32]); R],
-    mut acc: [[S::V; C]; R],
 ) -> [[S::V; C]; R] {
     let chunks = T::INPUTS / LANES;
-    for b in tiles {
+    let mut acc = [[s.zero(); C]; R];
+    for b in 0..nb {
         let mut tb: [Src::Block<'_>; C] = [src.block(0, b); C];
         for (c, t) in tb.iter_mut().enumerate() {
             *t = src.block(c, b);

@@ -134,8 +134,7 @@ impl<V: Copy> Column<'_, V> {
             for (r, row) in rows.iter_mut().enumerate() {
                 *row = x.row(i * R + r);
             }
-            let zero = [[s.zero(); 1]; R];
-            let acc = dot::<S, T, _, R, 1>(s, self.buf, 0..self.nb, &rows, zero);
+            let acc = dot::<S, T, _, R, 1>(s, self.buf, self.nb, &rows);
             for (row, acc) in out.iter_mut().zip(&acc) {
                 store(s, acc[0], row, self.g * TILE);
             }
