@@ -13,6 +13,9 @@ use rayon::prelude::*;
 use super::decoder::SeqSpan;
 use super::kv_cache::SeqCache;
 
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
 /// Below this many multiply-adds per step, threads cost more than they save.
 const PARALLEL_MIN_MACS: usize = 1 << 16;
 /// Accumulator lanes of a dot product: element i goes to lane i % LANES.
@@ -157,18 +160,24 @@ fn head_attention<'q>(
     let d = params.shape.head_dim;
     let mut out = vec![0f32; span.len * d];
     let mut scores = Vec::with_capacity(past + span.len);
+    #[cfg(target_arch = "x86_64")]
+    let avx = x86::available();
     for t in 0..span.len {
         let q = query(t);
         let end = past + t + 1;
         let first = params.window.map_or(0, |w| end.saturating_sub(w));
         scores.clear();
-        scores.extend((first..end).map(|j| {
-            let s = dot(q, &keys[j * d..(j + 1) * d]) * params.scale;
-            match params.softcap {
-                Some(cap) => cap * (s / cap).tanh(),
-                None => s,
+        let mut j = first;
+        #[cfg(target_arch = "x86_64")]
+        if avx {
+            while j + x86::KEYS <= end {
+                // SAFETY: `avx` says the CPU has the feature `dots8` enables.
+                let block = unsafe { x86::dots8(q, &keys[j * d..(j + x86::KEYS) * d]) };
+                scores.extend(block.map(|s| score(params, s)));
+                j += x86::KEYS;
             }
-        }));
+        }
+        scores.extend((j..end).map(|j| score(params, dot(q, &keys[j * d..(j + 1) * d]))));
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0f32;
         for s in scores.iter_mut() {
@@ -186,7 +195,18 @@ fn head_attention<'q>(
     out
 }
 
-/// `a · b` with LANES partial sums folded in a fixed order: the same bits every call.
+/// A dot product `s` as a score: `s * scale`, then capped.
+#[inline]
+fn score(params: &AttnParams, s: f32) -> f32 {
+    let s = s * params.scale;
+    match params.softcap {
+        Some(cap) => cap * (s / cap).tanh(),
+        None => s,
+    }
+}
+
+/// `a · b` with LANES partial sums folded in a fixed order: the same bits every call (and
+/// as `x86::dots8` computes them).
 #[inline]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
@@ -201,7 +221,13 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     for (x, y) in ar.iter().zip(br) {
         tail += x * y;
     }
-    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+    fold(acc, tail)
+}
+
+/// A dot product's lanes and tail, summed in a fixed order.
+#[inline]
+fn fold(lanes: [f32; LANES], tail: f32) -> f32 {
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = lanes;
     ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)) + tail
 }
 
@@ -215,5 +241,30 @@ mod tests {
         let b: Vec<f32> = (0..67).map(|i| (i % 5) as f32).collect();
         let want: f32 = (0..67).map(|i| (i * (i % 5)) as f32).sum();
         assert_eq!(dot(&a, &b), want);
+    }
+
+    /// The AVX scoring of 8 keys is the portable `dot` of each, bit for bit (on a CPU
+    /// without AVX it never runs).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn keys_side_by_side_score_as_alone() {
+        if !super::x86::available() {
+            return; // the portable `dot` is all such a CPU runs
+        }
+        // Values that round (not integers), and a length with a tail.
+        for d in [64, 67, 256] {
+            let a: Vec<f32> = (0..d)
+                .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
+                .collect();
+            let keys: Vec<f32> = (0..8 * d)
+                .map(|i| ((i * 104_729) % 1013) as f32 / 1009.0 - 0.5)
+                .collect();
+            // SAFETY: AVX is available (checked above).
+            let together = unsafe { super::x86::dots8(&a, &keys) };
+            for (n, got) in together.iter().enumerate() {
+                let alone = dot(&a, &keys[n * d..(n + 1) * d]);
+                assert_eq!(got.to_bits(), alone.to_bits(), "d={d} key {n}");
+            }
+        }
     }
 }
