@@ -144,7 +144,7 @@ impl Tiles {
 
     /// Runs one column task of a product with input rows `x` (see [`run_task`]).
     pub(super) fn run(&self, x: Rows, task: Task, isa: Isa) {
-        each!(self, t: T => run_task(TileColumns::all(t, task.k / T::INPUTS), x, task, isa))
+        each!(self, t: T => run_task(TileColumns::all(t, x.k / T::INPUTS), x, task, isa))
     }
 
     /// Whether the format's weights have an offset, so its products need the run sums.

@@ -38,12 +38,7 @@ impl CpuQuantMatrix {
             .enumerate()
             .map(|(t, rows)| Piece {
                 tiles: &self.tiles,
-                task: Task {
-                    k: self.k,
-                    cols,
-                    t,
-                    rows,
-                },
+                task: Task { cols, t, rows },
             })
             .collect()
     }
@@ -70,7 +65,8 @@ pub(super) fn products(
     isa: Isa,
     cols: Option<usize>,
 ) -> Vec<Vec<f32>> {
-    let m = x.len() / ms.first().map_or(1, |mat| mat.k.max(1));
+    let k = ms.first().map_or(1, |mat| mat.k.max(1));
+    let m = x.len() / k;
     let mut outs: Vec<Vec<f32>> = ms.iter().map(|mat| vec![0f32; m * mat.n]).collect();
     if m == 0 {
         return outs;
@@ -81,7 +77,6 @@ pub(super) fn products(
     } else {
         Vec::new()
     };
-    let k = x.len() / m;
     let rows = Rows { x, sums: &sums, k };
     let pieces: Vec<Piece> = ms
         .iter()
@@ -94,9 +89,8 @@ pub(super) fn products(
 }
 
 /// One column task of a product: the columns `t*cols ..` (a multiple of 16) of every row
-/// of the input (`k` inputs each), into `rows`, its pieces of the output rows.
+/// of the input, into `rows`, its pieces of the output rows.
 pub(super) struct Task<'a> {
-    pub(super) k: usize,
     cols: usize,
     t: usize,
     rows: Vec<&'a mut [f32]>,
@@ -132,9 +126,7 @@ fn run_pieces(x: Rows, pieces: Vec<Piece>, isa: Isa) {
 
 /// Runs one task against the tile columns of `m`.
 pub(super) fn run_task<T: Tile>(m: TileColumns<T>, x: Rows, task: Task, isa: Isa) {
-    let Task {
-        cols, t, mut rows, ..
-    } = task;
+    let Task { cols, t, mut rows } = task;
     let (g0, gs) = (t * cols / TILE, rows[0].len().div_ceil(TILE));
     columns(TileColumns::all(m.group(g0, gs), m.nb), x, &mut rows, isa);
 }
