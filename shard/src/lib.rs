@@ -8,4 +8,5 @@ pub mod loader;
 pub mod model;
 pub mod sampling;
 pub mod server;
+mod team;
 mod wire;

@@ -3,23 +3,35 @@
 //!
 //! Running attention as candle ops costs a dozen small ops per sequence and layer, whose
 //! dispatch dwarfs the arithmetic when a decode step has one token per sequence. Here one
-//! call handles every sequence of the step. Each (sequence, head) is computed by one
-//! thread with a fixed order of operations, so a sequence's result never depends on the
-//! others or on scheduling.
+//! call handles every sequence of the step. Each query row of each head is computed by one
+//! thread with a fixed order of operations (`kernels.rs`, and the same bits on AVX,
+//! `x86.rs`), so a sequence's result never depends on the others, on how its rows are
+//! split into tasks, or on scheduling.
+
+use std::ops::Range;
+use std::sync::OnceLock;
 
 use candle_core::Result;
-use rayon::prelude::*;
+
+use crate::team::Team;
 
 use super::decoder::SeqSpan;
 use super::kv_cache::SeqCache;
 
+mod kernels;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use kernels::{dot, softmax_numerators};
+
 /// Below this many multiply-adds per step, threads cost more than they save.
 const PARALLEL_MIN_MACS: usize = 1 << 16;
-/// Accumulator lanes of a dot product: element i goes to lane i % LANES.
-const LANES: usize = 8;
+/// Query rows per task at most: a long prompt's head splits into several tasks, so the
+/// threads stay busy to the end (a single prompt has as few tasks as heads otherwise, 9
+/// for 2 threads on SmolLM2).
+const TASK_ROWS: usize = 32;
+/// Tasks per thread that keep the threads evenly busy when tasks differ in size.
+const TASKS_PER_THREAD: usize = 4;
 
 #[derive(Debug, Clone, Copy)]
 pub struct HeadShape {
@@ -94,25 +106,30 @@ pub fn host_attention(params: AttnParams, qkv: &StepQkv, step: AttnStep) -> Resu
         layers.push((&*store.k, &*store.v, store.past, store.capacity));
     }
 
-    // Read phase: one task per (sequence, head).
-    let tasks: Vec<(usize, usize)> = (0..spans.len())
-        .flat_map(|s| (0..num_heads).map(move |h| (s, h)))
-        .collect();
-    let run = |&(s, h): &(usize, usize)| {
-        let span = spans[s];
-        let (k, v, past, capacity) = layers[s];
-        let g = h / n_rep;
-        let kv = HeadKv {
-            keys: &k[g * capacity * d..],
-            values: &v[g * capacity * d..],
-            past,
-        };
-        head_attention(
-            &params,
-            span,
-            |t| &qkv.q[((span.start + t) * num_heads + h) * d..][..d],
-            kv,
-        )
+    // Read phase: on the compute team, each task some rows of one sequence for some heads.
+    let tasks = tasks(spans, params.shape);
+    let outs: Vec<OnceLock<Vec<f32>>> = tasks.iter().map(|_| OnceLock::new()).collect();
+    let run = |i: usize| {
+        let Task { seq, heads, rows } = tasks[i].clone();
+        let span = spans[seq];
+        let (k, v, past, capacity) = layers[seq];
+        let mut out = Vec::with_capacity(heads.len() * rows.len() * d);
+        for head in heads {
+            let g = head / n_rep;
+            let kv = HeadKv {
+                keys: &k[g * capacity * d..],
+                values: &v[g * capacity * d..],
+                past,
+            };
+            out.extend(head_attention(
+                &params,
+                rows.clone(),
+                |t| &qkv.q[((span.start + t) * num_heads + head) * d..][..d],
+                kv,
+            ));
+        }
+        // Each task's cell is set once, by the task alone.
+        let _ = outs[i].set(out);
     };
     let work: usize = spans
         .iter()
@@ -121,21 +138,65 @@ pub fn host_attention(params: AttnParams, qkv: &StepQkv, step: AttnStep) -> Resu
         .sum::<usize>()
         * d
         * num_heads;
-    let outs: Vec<Vec<f32>> = if work >= PARALLEL_MIN_MACS && tasks.len() > 1 {
-        tasks.par_iter().map(run).collect()
+    if work >= PARALLEL_MIN_MACS && tasks.len() > 1 {
+        Team::global().run(tasks.len(), &run);
     } else {
-        tasks.iter().map(run).collect()
-    };
+        (0..tasks.len()).for_each(run);
+    }
 
     let mut out = vec![0f32; tokens * num_heads * d];
-    for (&(s, h), o) in tasks.iter().zip(&outs) {
-        let span = spans[s];
-        for t in 0..span.len {
-            let dst = ((span.start + t) * num_heads + h) * d;
-            out[dst..dst + d].copy_from_slice(&o[t * d..(t + 1) * d]);
+    for (task, o) in tasks.iter().zip(&outs) {
+        let Some(o) = o.get() else {
+            candle_core::bail!("attention: a task left no output");
+        };
+        let start = spans[task.seq].start;
+        let mut rows = o.chunks_exact(d);
+        for head in task.heads.clone() {
+            for (t, row) in task.rows.clone().zip(&mut rows) {
+                let dst = ((start + t) * num_heads + head) * d;
+                out[dst..dst + d].copy_from_slice(row);
+            }
         }
     }
     Ok(out)
+}
+
+/// One task of a layer's attention: some of one sequence's new rows (indices into its
+/// span), for some of its query heads, all of one KV head.
+#[derive(Clone)]
+struct Task {
+    seq: usize,
+    heads: Range<usize>,
+    rows: Range<usize>,
+}
+
+/// The read phase's tasks. A task takes every query head of a KV head, so one thread
+/// reads those keys and values from memory and the heads after the first find them in its
+/// cache (at 16 decode streams attention is bound by reading the cache: split head by
+/// head across threads, both read it). With too few such tasks to keep the threads busy
+/// (a few decode rows), a task takes one query head instead. Rows split into runs of
+/// `TASK_ROWS`. None of this changes a result: each row of each head is computed alone.
+fn tasks(spans: &[SeqSpan], shape: HeadShape) -> Vec<Task> {
+    let n_rep = shape.num_heads / shape.num_kv_heads;
+    let runs: usize = spans.iter().map(|s| s.len.div_ceil(TASK_ROWS)).sum();
+    let per_task = if runs * shape.num_kv_heads >= TASKS_PER_THREAD * Team::global().threads() {
+        n_rep
+    } else {
+        1
+    };
+    let mut tasks = Vec::new();
+    for (seq, span) in spans.iter().enumerate() {
+        for first in (0..shape.num_heads).step_by(per_task) {
+            for row in (0..span.len).step_by(TASK_ROWS) {
+                tasks.push(Task {
+                    seq,
+                    heads: first..first + per_task,
+                    rows: row..(row + TASK_ROWS).min(span.len),
+                });
+            }
+        }
+    }
+    tasks
 }
 
 /// One KV head of one sequence's cache: `past` positions before the step's, then the
@@ -147,22 +208,22 @@ struct HeadKv<'a> {
     past: usize,
 }
 
-/// One head of one sequence: for each new row t (position p = past + t), softmax over
+/// One head of one sequence: for each new row t of `rows` (position p = past + t), softmax over
 /// the scaled (and capped) scores of the keys it sees, then the weighted sum of their
-/// values.
+/// values: `Σ e^(s_j - max) v_j`, divided by `Σ e^(s_j - max)` once at the end.
 fn head_attention<'q>(
     params: &AttnParams,
-    span: SeqSpan,
+    rows: Range<usize>,
     query: impl Fn(usize) -> &'q [f32],
     kv: HeadKv,
 ) -> Vec<f32> {
     let HeadKv { keys, values, past } = kv;
     let d = params.shape.head_dim;
-    let mut out = vec![0f32; span.len * d];
-    let mut scores = Vec::with_capacity(past + span.len);
+    let mut out = vec![0f32; rows.len() * d];
+    let mut scores = Vec::with_capacity(past + rows.end);
     #[cfg(target_arch = "x86_64")]
     let avx = x86::available();
-    for t in 0..span.len {
+    for (row, t) in out.chunks_exact_mut(d).zip(rows) {
         let q = query(t);
         let end = past + t + 1;
         let first = params.window.map_or(0, |w| end.saturating_sub(w));
@@ -178,18 +239,19 @@ fn head_attention<'q>(
             }
         }
         scores.extend((j..end).map(|j| score(params, dot(q, &keys[j * d..(j + 1) * d]))));
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
+        let sum = softmax_numerators(&mut scores);
+        let seen = &values[first * d..end * d];
+        #[cfg(target_arch = "x86_64")]
+        if avx {
+            // SAFETY: `avx` says the CPU has the feature `weighted_sum` enables.
+            unsafe { x86::weighted_sum(row, &scores, seen) };
+        } else {
+            kernels::weighted_sum(row, &scores, seen);
         }
-        let row = &mut out[t * d..(t + 1) * d];
-        for (j, &w) in (first..end).zip(scores.iter()) {
-            let p = w / sum;
-            for (o, &x) in row.iter_mut().zip(&values[j * d..(j + 1) * d]) {
-                *o += p * x;
-            }
+        #[cfg(not(target_arch = "x86_64"))]
+        kernels::weighted_sum(row, &scores, seen);
+        for o in row.iter_mut() {
+            *o /= sum;
         }
     }
     out
@@ -205,42 +267,15 @@ fn score(params: &AttnParams, s: f32) -> f32 {
     }
 }
 
-/// `a · b` with LANES partial sums folded in a fixed order: the same bits every call (and
-/// as `x86::dots8` computes them).
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let (ac, ar) = a.as_chunks::<LANES>();
-    let (bc, br) = b.as_chunks::<LANES>();
-    for (x, y) in ac.iter().zip(bc) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut tail = 0f32;
-    for (x, y) in ar.iter().zip(br) {
-        tail += x * y;
-    }
-    fold(acc, tail)
-}
-
-/// A dot product's lanes and tail, summed in a fixed order.
-#[inline]
-fn fold(lanes: [f32; LANES], tail: f32) -> f32 {
-    let [a0, a1, a2, a3, a4, a5, a6, a7] = lanes;
-    ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)) + tail
-}
-
 #[cfg(test)]
 mod tests {
-    use super::dot;
+    use super::kernels::{dot, weighted_sum};
 
-    #[test]
-    fn dot_is_exact_on_integers_and_handles_tails() {
-        let a: Vec<f32> = (0..67).map(|i| i as f32).collect();
-        let b: Vec<f32> = (0..67).map(|i| (i % 5) as f32).collect();
-        let want: f32 = (0..67).map(|i| (i * (i % 5)) as f32).sum();
-        assert_eq!(dot(&a, &b), want);
+    /// Values that round (not integers).
+    fn values(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * seed) % 1013) as f32 / 1009.0 - 0.5)
+            .collect()
     }
 
     /// The AVX scoring of 8 keys is the portable `dot` of each, bit for bit (on a CPU
@@ -251,20 +286,37 @@ mod tests {
         if !super::x86::available() {
             return; // the portable `dot` is all such a CPU runs
         }
-        // Values that round (not integers), and a length with a tail.
+        // A length with a tail, too.
         for d in [64, 67, 256] {
-            let a: Vec<f32> = (0..d)
-                .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
-                .collect();
-            let keys: Vec<f32> = (0..8 * d)
-                .map(|i| ((i * 104_729) % 1013) as f32 / 1009.0 - 0.5)
-                .collect();
+            let a = values(d, 7919);
+            let keys = values(8 * d, 104_729);
             // SAFETY: AVX is available (checked above).
             let together = unsafe { super::x86::dots8(&a, &keys) };
             for (n, got) in together.iter().enumerate() {
                 let alone = dot(&a, &keys[n * d..(n + 1) * d]);
                 assert_eq!(got.to_bits(), alone.to_bits(), "d={d} key {n}");
             }
+        }
+    }
+
+    /// The AVX weighted sum is the portable one, bit for bit.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx_weighted_sum_is_the_portable_one() {
+        if !super::x86::available() {
+            return; // the portable loop is all such a CPU runs
+        }
+        // Full 64-column blocks, single registers and a scalar tail.
+        for (d, keys) in [(64, 1), (256, 37), (67, 9), (5, 3), (136, 8)] {
+            let weights = values(keys, 7919);
+            let vals = values(keys * d, 104_729);
+            let mut portable = vec![0f32; d];
+            weighted_sum(&mut portable, &weights, &vals);
+            let mut avx = vec![f32::NAN; d];
+            // SAFETY: AVX is available (checked above).
+            unsafe { super::x86::weighted_sum(&mut avx, &weights, &vals) };
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&avx), bits(&portable), "d={d} keys={keys}");
         }
     }
 }

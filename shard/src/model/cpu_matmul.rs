@@ -77,7 +77,6 @@ mod input;
 mod kernel;
 mod simd;
 mod tasks;
-mod team;
 #[cfg(test)]
 mod tests;
 

@@ -6,8 +6,8 @@ use super::blocks::{Tile, TileColumns, TILE};
 use super::formats::Tiles;
 use super::input::{run_sums, Rows};
 use super::kernel::{columns, Isa};
-use super::team::Team;
 use super::{CpuQuantMatrix, COL_ALIGN, MIN_TASK_MACS, TASKS_PER_THREAD};
+use crate::team::Team;
 
 impl CpuQuantMatrix {
     /// `x`: rows of `k` → as many rows of `n`, row-major. `cols_per_task` overrides the

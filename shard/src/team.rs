@@ -1,5 +1,5 @@
-//! The threads a product's column tasks run on: the calling thread and helpers that
-//! spin between products instead of sleeping.
+//! The threads a step's parallel work runs on (a product's column tasks, attention's
+//! heads): the calling thread and helpers that spin between jobs instead of sleeping.
 //!
 //! A single-stream decode step is ~130 small products (30–50 µs each) separated by a few
 //! microseconds of glue. Through rayon, the second thread went to sleep between most of
@@ -8,8 +8,12 @@
 //! Here the helpers poll for the next product for `SPIN` before they park; the caller
 //! claims tasks too, so a product never waits for a helper to wake up.
 //!
-//! Which thread runs a task changes nothing in its result: a task's columns are computed
-//! entirely by whichever thread claims it (see the module's batch-invariance contract).
+//! Attention runs here too rather than on rayon: with one team and one rayon pool, each a
+//! thread per CPU, a helper still spinning after a product competed for a core with the
+//! rayon worker running attention (a tenth of a 16-stream decode step went to the spin).
+//!
+//! Which thread runs a task changes nothing in its result: a task's output is computed
+//! entirely by whichever thread claims it (see `cpu_matmul`'s batch-invariance contract).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -17,25 +21,25 @@ use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-/// Products with more tasks than this run on the caller alone (the index has 16 bits;
-/// a product has a few tasks per thread).
+/// Jobs with more tasks than this run on the caller alone (the index has 16 bits; a
+/// product has a few tasks per thread).
 const MAX_TASKS: usize = 0xffff;
-/// How long an idle helper polls for the next product before it parks.
+/// How long an idle helper polls for the next job before it parks.
 const SPIN: Duration = Duration::from_micros(300);
 
-/// The task function of the running product, its lifetime erased (see `Team::run`).
+/// The task function of the running job, its lifetime erased (see `Team::run`).
 type Job = *const (dyn Fn(usize) + Sync);
 
 struct Shared {
-    /// `epoch << 32 | tasks << 16 | next task index`: the product's number and size
-    /// travel with the index, so a helper claims a task of the product it saw with one
-    /// compare-and-swap, and never one of a later product or past the end.
+    /// `epoch << 32 | tasks << 16 | next task index`: the job's number and size
+    /// travel with the index, so a helper claims a task of the job it saw with one
+    /// compare-and-swap, and never one of a later job or past the end.
     next: AtomicU64,
     done: AtomicUsize,
     job: std::sync::Mutex<Option<SendJob>>,
     /// A task panicked; the caller panics in its place.
     panicked: AtomicBool,
-    /// Per helper: parked (or about to), so the next product must unpark it.
+    /// Per helper: parked (or about to), so the next job must unpark it.
     parked: Vec<AtomicBool>,
 }
 
@@ -46,7 +50,7 @@ struct SendJob(Job);
 unsafe impl Send for SendJob {}
 
 /// The calling thread plus helper threads.
-pub(super) struct Team {
+pub(crate) struct Team {
     shared: Arc<Shared>,
     /// The helpers that started, each with its index in `Shared::parked`.
     helpers: Vec<(usize, Thread)>,
@@ -72,13 +76,13 @@ impl Team {
         for i in 0..helpers {
             let s = shared.clone();
             let spawned = std::thread::Builder::new()
-                .name(format!("sonde-matmul-{}", i + 1))
+                .name(format!("sonde-team-{}", i + 1))
                 .spawn(move || helper(&s, i));
             match spawned {
                 Ok(handle) => started.push((i, handle.thread().clone())),
                 // Fewer helpers only means less parallelism; the caller claims every
                 // task it has to.
-                Err(e) => tracing::warn!("matmul helper thread: {e}"),
+                Err(e) => tracing::warn!("compute helper thread: {e}"),
             }
         }
         Team {
@@ -88,8 +92,13 @@ impl Team {
         }
     }
 
+    /// The threads a job runs on: the caller and the helpers.
+    pub fn threads(&self) -> usize {
+        self.helpers.len() + 1
+    }
+
     /// Runs `task(0) .. task(n - 1)`, each exactly once, on the caller and the helpers,
-    /// and returns when all have finished. The team runs one product at a time: a caller
+    /// and returns when all have finished. The team runs one job at a time: a caller
     /// that finds it busy (another engine in the same process, as in the tests) runs its
     /// tasks itself.
     pub fn run(&self, n: usize, task: &(dyn Fn(usize) + Sync)) {
@@ -120,7 +129,7 @@ impl Team {
             std::hint::spin_loop();
         }
         if s.panicked.swap(false, Ordering::Relaxed) {
-            panic!("a matmul task panicked on a helper thread");
+            panic!("a task panicked on a helper thread");
         }
     }
 }
@@ -171,7 +180,7 @@ fn helper(s: &Shared, i: usize) {
                     Some(SendJob(job)) => run_one(s, unsafe { &*job }, t),
                     // Cannot happen (the job is set before its epoch is published); if it
                     // did, the caller panics instead of waiting forever.
-                    None => run_one(s, &|_| panic!("a matmul task without its job"), t),
+                    None => run_one(s, &|_| panic!("a task without its job"), t),
                 }
             }
             idle_since = Instant::now();
