@@ -73,6 +73,25 @@ const CHUNK: usize = 256;
 
 /// `Σ e^(x - max)` over the values that are not NaN, in f64.
 fn sum_exp(values: &[f32], max: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked above).
+        return unsafe { sum_exp_avx2(values, max) };
+    }
+    sum_exp_lanes(values, max)
+}
+
+/// [`sum_exp_lanes`] compiled for AVX2: 8 exponentials per instruction where the baseline
+/// (SSE2) does 4. The same operations in the same order, so the same bits; over Gemma 3's
+/// 262k vocabulary this is most of a row's scoring.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn sum_exp_avx2(values: &[f32], max: f32) -> f64 {
+    sum_exp_lanes(values, max)
+}
+
+#[inline(always)]
+fn sum_exp_lanes(values: &[f32], max: f32) -> f64 {
     let mut lanes = [0f64; LANES];
     let mut terms = [0f32; CHUNK];
     for chunk in values.chunks(CHUNK) {
@@ -87,7 +106,11 @@ fn sum_exp(values: &[f32], max: f32) -> f64 {
             }
         }
     }
-    lanes.iter().sum()
+    let mut sum = 0.0;
+    for lane in lanes {
+        sum += lane;
+    }
+    sum
 }
 
 #[cfg(test)]
@@ -121,6 +144,22 @@ mod tests {
         check(&[1000.0, 1001.0, 999.5]);
         check(&[-1000.0, -1001.0, -999.5]);
         check(&logits(1, 49152, 20.0, 0.0));
+    }
+
+    /// The AVX2 build of the sum is the baseline's, bit for bit.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_sum_is_the_baseline_sum() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            return; // the baseline is all such a CPU runs
+        }
+        for n in [1, 7, 300, 49152] {
+            let xs = logits(1, n, 20.0, 0.0);
+            let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            // SAFETY: AVX2 is available (checked above).
+            let avx2 = unsafe { sum_exp_avx2(&xs, max) };
+            assert_eq!(avx2.to_bits(), sum_exp_lanes(&xs, max).to_bits(), "n={n}");
+        }
     }
 
     #[test]

@@ -49,8 +49,29 @@ pub(super) fn fold(lanes: [f32; LANES], tail: f32) -> f32 {
 /// the row NaN, as a broken model should show), where `exp_le0` alone would give it
 /// weight 0. The sum uses LANES partial sums, folded like a dot product.
 pub(super) fn softmax_numerators(scores: &mut [f32]) -> f32 {
-    // f32::max ignores NaN.
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked above).
+        return unsafe { numerators_avx2(scores) };
+    }
+    numerators(scores)
+}
+
+/// [`numerators`] compiled for AVX2: 8 exponentials per instruction where the baseline
+/// (SSE2) does 4. The same operations in the same order, so the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn numerators_avx2(scores: &mut [f32]) -> f32 {
+    numerators(scores)
+}
+
+#[inline(always)]
+fn numerators(scores: &mut [f32]) -> f32 {
+    let mut max = f32::NEG_INFINITY;
+    for &s in scores.iter() {
+        // f32::max ignores NaN.
+        max = max.max(s);
+    }
     for s in scores.iter_mut() {
         let x = *s - max;
         *s = if x.is_nan() { x } else { exp_le0(x) };
@@ -62,7 +83,11 @@ pub(super) fn softmax_numerators(scores: &mut [f32]) -> f32 {
             acc[l] += c[l];
         }
     }
-    fold(acc, tail.iter().fold(0.0, |s, &x| s + x))
+    let mut rest = 0f32;
+    for &x in tail {
+        rest += x;
+    }
+    fold(acc, rest)
 }
 
 /// `out[i] = Σ_j weights[j] · values[j][i]`, over the keys `j` in order, starting from 0;
@@ -122,6 +147,27 @@ mod tests {
         }
         let want_sum: f64 = want.iter().sum();
         assert!((f64::from(sum) - want_sum).abs() <= 1e-6 * want_sum);
+    }
+
+    /// The AVX2 build of the numerators is the baseline's, bit for bit.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_numerators_are_the_baseline_ones() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            return; // the baseline is all such a CPU runs
+        }
+        for n in [1, 7, 8, 300, 4099] {
+            let scores: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919) % 1013) as f32 / 50.0 - 10.0)
+                .collect();
+            let (mut a, mut b) = (scores.clone(), scores);
+            // SAFETY: AVX2 is available (checked above).
+            let sum_a = unsafe { numerators_avx2(&mut a) };
+            let sum_b = numerators(&mut b);
+            assert_eq!(sum_a.to_bits(), sum_b.to_bits(), "n={n}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "n={n}");
+        }
     }
 
     #[test]

@@ -38,7 +38,8 @@ fn quantized(dtype: GgmlDType, n: usize, k: usize) -> QTensor {
 /// the row counts (default 1 and 16), and `SONDE_BENCH_CANDLE=0` skips candle's side.
 /// Gemma 3 270M's shapes:
 /// 640 → 2048 (gate/up), 2048 → 640 (down), and its tied 262144 × 640 Q8_0 output layer
-/// at 1 row. GB/s: the weights' bytes streamed per second (at 1 row, the decode cost).
+/// (which prompt logprobs run at 64 rows a chunk). GB/s: the weights' bytes streamed per
+/// second (at 1 row, the decode cost).
 #[test]
 #[ignore]
 fn bench() {
@@ -66,7 +67,7 @@ fn bench() {
             cases.push((dtype, k.next_multiple_of(dtype.block_size()), n, &rows));
         }
         if dtype == GgmlDType::Q8_0 {
-            cases.push((dtype, 640, 262_144, &[1]));
+            cases.push((dtype, 640, 262_144, &rows));
         }
     }
     // Ours first, then candle's: once candle's barrier pool exists, its workers spin
