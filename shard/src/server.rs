@@ -57,13 +57,13 @@ impl EngineHandle {
 }
 
 fn run_engine(mut engine: Engine, rx: std_mpsc::Receiver<Command>) {
-    // The engine thread becomes worker 0 of the pool its parallel loops run on (attention
-    // heads; sampling and scoring a decode step's rows), so a loop is a work-stealing
-    // `join` from inside the pool rather than a job injected from outside it: outside,
-    // every join put this thread to sleep on a lock and woke it again (when the matmuls
-    // still ran on rayon, a quarter of a single-stream step went to futex waits and context
-    // switches; they now have their own team, `cpu_matmul::team`). The pool has one thread
-    // per CPU in all, this one included.
+    // The engine thread becomes worker 0 of the pool its parallel loops run on (sampling
+    // and scoring a decode step's rows), so a loop is a work-stealing `join` from inside
+    // the pool rather than a job injected from outside it: outside, every join put this
+    // thread to sleep on a lock and woke it again (when the matmuls still ran on rayon, a
+    // quarter of a single-stream step went to futex waits and context switches; they and
+    // attention now run on their own team, `crate::team`). The pool has one thread per CPU
+    // in all, this one included.
     let _pool = match rayon::ThreadPoolBuilder::new()
         .thread_name(|i| format!("sonde-engine-{i}"))
         .use_current_thread()

@@ -208,9 +208,9 @@ struct HeadKv<'a> {
     past: usize,
 }
 
-/// One head of one sequence: for each new row t of `rows` (position p = past + t), softmax over
-/// the scaled (and capped) scores of the keys it sees, then the weighted sum of their
-/// values: `Σ e^(s_j - max) v_j`, divided by `Σ e^(s_j - max)` once at the end.
+/// One head of one sequence: for each new row t of `rows` (position p = past + t),
+/// softmax over the scaled (and capped) scores of the keys it sees, then the weighted sum
+/// of their values: `Σ e^(s_j - max) v_j`, divided by `Σ e^(s_j - max)` once at the end.
 fn head_attention<'q>(
     params: &AttnParams,
     rows: Range<usize>,
