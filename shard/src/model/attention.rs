@@ -113,20 +113,24 @@ pub fn host_attention(params: AttnParams, qkv: &StepQkv, step: AttnStep) -> Resu
         let Task { seq, heads, rows } = tasks[i].clone();
         let span = spans[seq];
         let (k, v, past, capacity) = layers[seq];
-        let mut out = Vec::with_capacity(heads.len() * rows.len() * d);
-        for head in heads {
+        let mut out = vec![0f32; heads.len() * rows.len() * d];
+        for (head, out) in heads.zip(out.chunks_exact_mut(rows.len() * d)) {
             let g = head / n_rep;
             let kv = HeadKv {
                 keys: &k[g * capacity * d..],
                 values: &v[g * capacity * d..],
                 past,
             };
-            out.extend(head_attention(
+            let rows = HeadRows {
+                index: rows.clone(),
+                out,
+            };
+            head_attention(
                 &params,
-                rows.clone(),
                 |t| &qkv.q[((span.start + t) * num_heads + head) * d..][..d],
                 kv,
-            ));
+                rows,
+            );
         }
         // Each task's cell is set once, by the task alone.
         let _ = outs[i].set(out);
@@ -208,18 +212,25 @@ struct HeadKv<'a> {
     past: usize,
 }
 
+/// Some of a sequence's new rows for one head: their indices in its span, and where their
+/// outputs go (`head_dim` values each).
+struct HeadRows<'o> {
+    index: Range<usize>,
+    out: &'o mut [f32],
+}
+
 /// One head of one sequence: for each new row t of `rows` (position p = past + t),
 /// softmax over the scaled (and capped) scores of the keys it sees, then the weighted sum
 /// of their values: `Σ e^(s_j - max) v_j`, divided by `Σ e^(s_j - max)` once at the end.
 fn head_attention<'q>(
     params: &AttnParams,
-    rows: Range<usize>,
     query: impl Fn(usize) -> &'q [f32],
     kv: HeadKv,
-) -> Vec<f32> {
+    rows: HeadRows,
+) {
     let HeadKv { keys, values, past } = kv;
+    let HeadRows { index: rows, out } = rows;
     let d = params.shape.head_dim;
-    let mut out = vec![0f32; rows.len() * d];
     let mut scores = Vec::with_capacity(past + rows.end);
     #[cfg(target_arch = "x86_64")]
     let avx = x86::available();
@@ -254,7 +265,6 @@ fn head_attention<'q>(
             *o /= sum;
         }
     }
-    out
 }
 
 /// A dot product `s` as a score: `s * scale`, then capped.

@@ -47,7 +47,7 @@ impl CpuQuantMatrix {
     /// most `TASKS_PER_THREAD` per thread, and from one per thread up a multiple of the
     /// thread count, so every thread gets the same share. Affects speed only.
     fn cols_per_task(&self, m: usize) -> usize {
-        let threads = rayon::current_num_threads();
+        let threads = Team::global().threads();
         let worth = m * self.k * self.n / MIN_TASK_MACS;
         let mut tasks = worth.clamp(1, threads * TASKS_PER_THREAD);
         if tasks > threads {
