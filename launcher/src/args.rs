@@ -47,6 +47,13 @@ pub struct LauncherArgs {
     /// `q8_0` re-quantizes Q4/Q5 GGUF matrices to Q8_0 at load.
     #[arg(long, env = "DTYPE", value_enum, default_value_t = WeightQuant::Keep)]
     pub dtype: WeightQuant,
+    /// MiB of memory the CPU kernel may spend on a second copy of the Q4_0, Q4_1, Q5_0 and
+    /// Q5_1 matrices with a byte per quant (about 1.1 bytes a weight), which batches,
+    /// prefills and speculative drafts read faster than the packed nibbles; single-stream
+    /// decoding keeps reading the packed copy. Matrices get one in load order while the
+    /// memory lasts; 0 turns it off. Scores are the same bits either way.
+    #[arg(long, env = "WIDE_QUANTS_MIB", default_value_t = 1024)]
+    pub wide_quants_mib: usize,
     /// Where the model runs (`cuda` needs a build with `--features cuda`).
     #[arg(long, env = "DEVICE", value_enum, default_value_t = Device::Cpu)]
     pub device: Device,

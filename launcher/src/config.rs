@@ -146,6 +146,8 @@ pub fn shard_spec(args: &LauncherArgs, bins: &Binaries, model: &Path, rank: usiz
         args.batching.speculate.to_string(),
         "--gguf-quant".to_string(),
         args.dtype.flag_value(),
+        "--wide-quants-mib".to_string(),
+        args.wide_quants_mib.to_string(),
         "--device".to_string(),
         args.device.flag_value(),
     ];

@@ -19,7 +19,13 @@ pub struct LoadOptions {
     pub quant_policy: WeightQuant,
     /// The attention kernel; `None`: the host kernel on the CPU, candle's ops elsewhere.
     pub attention: Option<AttentionKernel>,
+    /// Memory the CPU kernel may give to wide copies of Q4/Q5 matrices (see
+    /// [`Placement::wide_quants_bytes`]).
+    pub wide_quants_bytes: usize,
 }
+
+/// The default of `--wide-quants-mib`.
+pub const DEFAULT_WIDE_QUANTS_MIB: usize = 1024;
 
 impl LoadOptions {
     pub fn cpu(quant_policy: WeightQuant) -> Self {
@@ -27,6 +33,7 @@ impl LoadOptions {
             device: Device::Cpu,
             quant_policy,
             attention: None,
+            wide_quants_bytes: DEFAULT_WIDE_QUANTS_MIB << 20,
         }
     }
 }
@@ -80,6 +87,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError> {
     let placement = Placement {
         device: opts.device.clone(),
         attention: opts.attention,
+        wide_quants_bytes: opts.wide_quants_bytes,
     };
     let model = Model::load(spec, &mut src, &placement)?;
     let cfg = model.spec();

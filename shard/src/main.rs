@@ -42,6 +42,10 @@ struct Args {
     /// What to do with GGUF block formats at load.
     #[arg(long, value_enum, default_value_t = WeightQuant::Keep)]
     gguf_quant: WeightQuant,
+    /// MiB of memory for wide copies of the Q4_0/Q4_1/Q5_0/Q5_1 matrices (a byte per
+    /// quant), which batches and prefills read faster; 0: none.
+    #[arg(long, default_value_t = loader::DEFAULT_WIDE_QUANTS_MIB)]
+    wide_quants_mib: usize,
     /// Where the model runs.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
@@ -63,6 +67,7 @@ async fn main() -> anyhow::Result<()> {
         device,
         attention: None,
         quant_policy: args.gguf_quant,
+        wide_quants_bytes: args.wide_quants_mib.saturating_mul(1 << 20),
     };
     // A load error is one line naming the file and the tensor or key (the launcher shows
     // it as the reason it exits).

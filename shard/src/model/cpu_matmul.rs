@@ -60,8 +60,9 @@
 //! x 2, one row 4 tiles; Q6_K half as many sums per row). Rows go in L2-sized pieces;
 //! threads (`team`: the caller and helpers that spin briefly between products; small
 //! products stay on the calling thread) take ranges of tile columns and write their sums
-//! straight into the output rows. The kernel is
-//! written once, generic over a 16-lane vector type (`simd`), and instantiated inside
+//! straight into the output rows. A Q4_0 / Q4_1 / Q5_0 / Q5_1 matrix may also hold a wide
+//! copy, its quants a byte each (`blocks::wide`), which products of two rows or more read:
+//! the same values, so the same sums. The kernel is written once, generic over a 16-lane vector type (`simd`), and instantiated inside
 //! `#[target_feature]` functions chosen once per process at run time, so the default
 //! x86-64 build still gets wide vectors; everything below those functions must inline
 //! into them (see `simd`, "Inlining"). (Explicit intrinsics rather than
@@ -94,6 +95,9 @@ const TASKS_PER_THREAD: usize = 4;
 /// Columns per task are a multiple of this (two tiles, the group a batch takes at a
 /// time), so tiles are only padded at the very end of the matrix. Speed only.
 const COL_ALIGN: usize = 2 * TILE;
+/// Products of at least this many rows read a matrix's wide copy, where it has one: at
+/// one row the packed tiles' fewer bytes win (see `blocks::wide`). Speed only.
+const WIDE_MIN_ROWS: usize = 2;
 
 /// One vector's worth of f32: a lane per column of a tile.
 type Half = [f32; LANES];
@@ -106,6 +110,9 @@ pub struct CpuQuantMatrix {
     k: usize,
     /// Tile column `g` (columns `16 g ..`) has its `k / INPUTS` tiles at `g * k / INPUTS ..`.
     tiles: Tiles,
+    /// The same quants a byte each, which products of at least [`WIDE_MIN_ROWS`] rows
+    /// read (`blocks::wide`), if [`CpuQuantMatrix::add_wide_copy`] made one.
+    wide: Option<Tiles>,
 }
 
 impl std::fmt::Debug for CpuQuantMatrix {
@@ -137,7 +144,12 @@ impl CpuQuantMatrix {
     pub fn from_qtensor(t: &QTensor) -> Option<Self> {
         let (n, k) = t.shape().dims2().ok()?;
         let tiles = Tiles::new(t.dtype(), &t.data().ok()?, n, k)?;
-        Some(CpuQuantMatrix { n, k, tiles })
+        Some(CpuQuantMatrix {
+            n,
+            k,
+            tiles,
+            wide: None,
+        })
     }
 
     /// A dense `[n, k]` CPU matrix of f32, f16 or bf16 (k a multiple of 32), multiplied
@@ -165,7 +177,30 @@ impl CpuQuantMatrix {
             _ => return None,
         };
         let tiles = Tiles::new(dtype, &bytes, n, k)?;
-        Some(CpuQuantMatrix { n, k, tiles })
+        Some(CpuQuantMatrix {
+            n,
+            k,
+            tiles,
+            wide: None,
+        })
+    }
+
+    /// Bytes [`CpuQuantMatrix::add_wide_copy`] would take: 0 for the formats without a
+    /// wide copy (all but Q4_0, Q4_1, Q5_0 and Q5_1) or a matrix that has one already.
+    pub fn wide_copy_bytes(&self) -> usize {
+        match self.wide {
+            Some(_) => 0,
+            None => self.tiles.widened_bytes(),
+        }
+    }
+
+    /// Adds a copy of the quants at a byte each (about 1.1 bytes a weight), which products
+    /// of several rows (a batch, a prefill, a verified draft) read faster. Results are
+    /// the same bits with or without it.
+    pub fn add_wide_copy(&mut self) {
+        if self.wide.is_none() {
+            self.wide = self.tiles.widened();
+        }
     }
 
     /// `(n, k)`: outputs, inputs.

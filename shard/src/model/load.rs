@@ -24,6 +24,11 @@ pub struct Placement {
     /// The attention kernel; `None` picks the host kernel on the CPU and candle's ops
     /// elsewhere (tests run the candle path on the CPU too).
     pub attention: Option<AttentionKernel>,
+    /// Bytes the CPU matrices of Q4_0, Q4_1, Q5_0 and Q5_1 may take for a second copy of
+    /// their quants, a byte each, which products of several rows read faster
+    /// ([`CpuQuantMatrix::add_wide_copy`]); matrices get one in load order while it
+    /// lasts. Speed only: the scores are the same bits with or without.
+    pub wide_quants_bytes: usize,
 }
 
 struct Loader<'a> {
@@ -31,6 +36,8 @@ struct Loader<'a> {
     src: &'a mut WeightSource,
     naming: Naming,
     device: Device,
+    /// What is left of [`Placement::wide_quants_bytes`].
+    wide_budget: usize,
 }
 
 impl Model {
@@ -70,6 +77,7 @@ impl Model {
             src,
             naming,
             device: placement.device.clone(),
+            wide_budget: placement.wide_quants_bytes,
         };
         let (hidden, vocab) = (spec.hidden_size, spec.vocab_size);
         let table = l.kernel(TensorName::TokenEmbd, vocab, hidden)?;
@@ -84,6 +92,13 @@ impl Model {
             .map(|i| l.layer(i))
             .collect::<Result<Vec<_>, _>>()?;
         let norm = l.norm(TensorName::OutputNorm, hidden)?;
+        let wide = placement.wide_quants_bytes - l.wide_budget;
+        if wide > 0 {
+            tracing::info!(
+                mib = wide >> 20,
+                "wide copies of the Q4/Q5 matrices, for batches and prefills"
+            );
+        }
         if let Some(tensor) = l.src.first_unused() {
             return Err(LoadError::NotApplied {
                 file: l.src.file().to_string(),
@@ -164,7 +179,14 @@ impl Loader<'_> {
             ),
         };
         matrix
-            .map(|m| Kernel::Host(Arc::new(m)))
+            .map(|mut m| {
+                let cost = m.wide_copy_bytes();
+                if cost > 0 && cost <= self.wide_budget {
+                    m.add_wide_copy();
+                    self.wide_budget -= cost;
+                }
+                Kernel::Host(Arc::new(m))
+            })
             .ok_or_else(|| LoadError::UnsupportedFormat {
                 file: self.src.file().to_string(),
                 tensor: key,

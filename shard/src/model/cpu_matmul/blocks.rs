@@ -39,10 +39,12 @@ use super::LANES;
 mod dense;
 mod kquant;
 mod legacy;
+mod wide;
 
 pub(super) use dense::{Bf16, F16, F32};
 pub(super) use kquant::{Q4K, Q5K, Q6K};
 pub(super) use legacy::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+pub(super) use wide::Wide;
 
 /// Columns per tile: one per vector lane.
 pub(super) const TILE: usize = LANES;
@@ -67,9 +69,10 @@ pub(super) trait Tile: Copy + Send + Sync {
     /// Whether a part's two halves have their own factors (the K-quants: the halves are
     /// different sub-blocks), so that each output keeps a sum per half.
     const SPLIT: bool = false;
-    /// Whether a piece of many rows takes each tile column unpacked once into a buffer
-    /// (`kernel::unpacked`): not where unpacking costs less than loading the buffer back
-    /// (Q8_0: 65 against 80 GFLOP/s at 16 rows; dense weights). Speed only.
+    /// Whether a piece of many rows takes each tile column unpacked once into a buffer of
+    /// bytes (`kernel::unpacked`): every format whose quants are packed smaller than a
+    /// byte, each of which gives [`Tile::quant_bytes`]; not Q8_0 (bytes already) nor the
+    /// dense weights. Speed only.
     const UNPACK_ONCE: bool = true;
     /// Puts column `c`'s raw block (`raw.len() == RAW_BYTES`) into lane `c`.
     fn set_column(&mut self, c: usize, raw: &[u8]);
@@ -78,6 +81,14 @@ pub(super) trait Tile: Copy + Send + Sync {
     /// The quants of pair `at.pair < PAIRS` of part `at.part` (inputs `first_input(part)
     /// + pair` and `SPAN` further on, lane `c` = column `c`), exact in f32.
     fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2];
+    /// The quants of pair `at` as bytes (byte `c`: the low input of column `c`, byte
+    /// `16 + c`: its high input), for the formats that unpack once ([`Tile::UNPACK_ONCE`]):
+    /// all their quants fit an i8 (within -32..=31), and [`Tile::quants`] are these bytes
+    /// widened. `None` for the others.
+    #[inline(always)]
+    fn quant_bytes<S: Simd>(&self, _s: S, _at: At) -> Option<S::B> {
+        None
+    }
     /// The weights of that pair, bit for bit as candle's `to_float`: `fma(q, a, b)` with
     /// an offset (exactly `a · q + b` rounded once: `a · q` is exact in every format that
     /// has one), `q · a` without.

@@ -4,7 +4,8 @@
 use candle_core::quantized::GgmlDType;
 
 use super::blocks::{
-    tiles, Bf16, Tile, TileColumns, F16, F32, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, TILE,
+    tiles, Bf16, Tile, TileColumns, Wide, F16, F32, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    TILE,
 };
 use super::input::Rows;
 use super::kernel::{self, Isa};
@@ -24,6 +25,11 @@ pub(super) enum Tiles {
     F32(Vec<F32>),
     F16(Vec<F16>),
     Bf16(Vec<Bf16>),
+    /// A wide copy of the 4- and 5-bit legacy formats (`blocks::wide`).
+    WideQ4_0(Vec<Wide<Q4_0>>),
+    WideQ4_1(Vec<Wide<Q4_1>>),
+    WideQ5_0(Vec<Wide<Q5_0>>),
+    WideQ5_1(Vec<Wide<Q5_1>>),
 }
 
 /// `$body` with `$t` bound to the tiles of whichever format `$tiles` holds, and the type
@@ -73,6 +79,22 @@ macro_rules! each {
             }
             Tiles::Bf16($t) => {
                 type $T = Bf16;
+                $body
+            }
+            Tiles::WideQ4_0($t) => {
+                type $T = Wide<Q4_0>;
+                $body
+            }
+            Tiles::WideQ4_1($t) => {
+                type $T = Wide<Q4_1>;
+                $body
+            }
+            Tiles::WideQ5_0($t) => {
+                type $T = Wide<Q5_0>;
+                $body
+            }
+            Tiles::WideQ5_1($t) => {
+                type $T = Wide<Q5_1>;
                 $body
             }
         }
@@ -126,12 +148,38 @@ impl Tiles {
         })
     }
 
+    /// The wide copy of these tiles (`blocks::wide`), for the formats that have one.
+    pub(super) fn widened(&self) -> Option<Self> {
+        fn wide<T: Tile>(tiles: &[T]) -> Vec<Wide<T>> {
+            tiles.iter().map(Wide::of).collect()
+        }
+        Some(match self {
+            Tiles::Q4_0(t) => Tiles::WideQ4_0(wide(t)),
+            Tiles::Q4_1(t) => Tiles::WideQ4_1(wide(t)),
+            Tiles::Q5_0(t) => Tiles::WideQ5_0(wide(t)),
+            Tiles::Q5_1(t) => Tiles::WideQ5_1(wide(t)),
+            _ => return None,
+        })
+    }
+
+    /// Bytes [`Tiles::widened`] would take; 0 for formats without a wide copy.
+    pub(super) fn widened_bytes(&self) -> usize {
+        let bytes = |tiles: usize| tiles * std::mem::size_of::<Wide<Q4_0>>();
+        match self {
+            Tiles::Q4_0(t) => bytes(t.len()),
+            Tiles::Q4_1(t) => bytes(t.len()),
+            Tiles::Q5_0(t) => bytes(t.len()),
+            Tiles::Q5_1(t) => bytes(t.len()),
+            _ => 0,
+        }
+    }
+
     pub(super) fn name(&self) -> &'static str {
         match self {
-            Tiles::Q4_0(_) => "q4_0",
-            Tiles::Q4_1(_) => "q4_1",
-            Tiles::Q5_0(_) => "q5_0",
-            Tiles::Q5_1(_) => "q5_1",
+            Tiles::Q4_0(_) | Tiles::WideQ4_0(_) => "q4_0",
+            Tiles::Q4_1(_) | Tiles::WideQ4_1(_) => "q4_1",
+            Tiles::Q5_0(_) | Tiles::WideQ5_0(_) => "q5_0",
+            Tiles::Q5_1(_) | Tiles::WideQ5_1(_) => "q5_1",
             Tiles::Q8_0(_) => "q8_0",
             Tiles::Q4K(_) => "q4_k",
             Tiles::Q5K(_) => "q5_k",

@@ -55,6 +55,7 @@ pub(super) trait Simd: Copy + Send + Sync {
     fn bf16s(self, h: &[u16; 16]) -> Self::V;
 
     fn bytes(self, q: &Bytes) -> Self::B;
+    fn store_bytes(self, b: Self::B, out: &mut Bytes);
     fn splat_bytes(self, v: u8) -> Self::B;
     /// Bytes 0..16: the low nibbles of `q`; bytes 16..32: its high nibbles.
     fn nibble_bytes(self, q: &[u8; 16]) -> Self::B;
@@ -129,6 +130,10 @@ impl Simd for Portable {
     #[inline(always)]
     fn bytes(self, q: &Bytes) -> Bytes {
         *q
+    }
+    #[inline(always)]
+    fn store_bytes(self, b: Bytes, out: &mut Bytes) {
+        *out = b;
     }
     #[inline(always)]
     fn splat_bytes(self, v: u8) -> Bytes {

@@ -6,7 +6,7 @@ use super::blocks::{Tile, TileColumns, TILE};
 use super::formats::Tiles;
 use super::input::{run_sums, Rows};
 use super::kernel::{columns, Isa};
-use super::{CpuQuantMatrix, COL_ALIGN, MIN_TASK_MACS, TASKS_PER_THREAD};
+use super::{CpuQuantMatrix, COL_ALIGN, MIN_TASK_MACS, TASKS_PER_THREAD, WIDE_MIN_ROWS};
 use crate::team::Team;
 
 impl CpuQuantMatrix {
@@ -34,10 +34,14 @@ impl CpuQuantMatrix {
                 task.push(piece);
             }
         }
+        let tiles = match &self.wide {
+            Some(wide) if m >= WIDE_MIN_ROWS => wide,
+            _ => &self.tiles,
+        };
         rows.into_iter()
             .enumerate()
             .map(|(t, rows)| Piece {
-                tiles: &self.tiles,
+                tiles,
                 task: Task { cols, t, rows },
             })
             .collect()

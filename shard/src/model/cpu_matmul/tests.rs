@@ -316,6 +316,69 @@ fn a_row_is_bitwise_the_same_alone_or_in_any_batch() {
     }
 }
 
+/// The wide copy of the 4- and 5-bit formats (`blocks::wide`), on blocks of random bytes
+/// (every quant, negative and zero scales): products of two rows or more read it, and
+/// each row's outputs are the bits of that row alone (read from the packed tiles), on
+/// every kernel variant; built from the raw blocks, its weights are candle's too.
+#[test]
+fn the_wide_copy_gives_the_packed_tiles_bits() {
+    use blocks::{tiles, Tile, TileColumns, Wide, Q4_0, Q4_1, Q5_0, Q5_1};
+    use simd::Portable;
+    let (n, k) = (37, 256);
+    for (f, dtype) in [
+        GgmlDType::Q4_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q5_0,
+        GgmlDType::Q5_1,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let q = random_blocks(dtype, n, k, 70 + f as u64);
+        let packed = CpuQuantMatrix::from_qtensor(&q).unwrap();
+        let mut wide = packed.clone();
+        assert!(wide.wide_copy_bytes() > 0, "{dtype:?}");
+        wide.add_wide_copy();
+        assert_eq!(wide.wide_copy_bytes(), 0, "{dtype:?}: one copy");
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for m in [2, 3, 6, 16, 40] {
+            let x = random(&mut rng, m * k);
+            for isa in isas() {
+                let batch = wide.matmul(&x, isa, None);
+                for (r, row) in x.chunks_exact(k).enumerate() {
+                    let alone = packed.matmul(row, isa, None);
+                    assert_same_bits(
+                        &batch[r * n..(r + 1) * n],
+                        &alone,
+                        &format!("{dtype:?} m={m} row {r} {isa:?}"),
+                    );
+                }
+            }
+        }
+
+        // Built from the raw blocks, lane by lane: the weights candle dequantizes.
+        let data = q.data().unwrap();
+        let want = values(&q.dequantize(&Device::Cpu).unwrap());
+        let got = match dtype {
+            GgmlDType::Q4_0 => weights(&tiles::<Wide<Q4_0>>(&data, n, k / 32).unwrap(), n, k),
+            GgmlDType::Q4_1 => weights(&tiles::<Wide<Q4_1>>(&data, n, k / 32).unwrap(), n, k),
+            GgmlDType::Q5_0 => weights(&tiles::<Wide<Q5_0>>(&data, n, k / 32).unwrap(), n, k),
+            _ => weights(&tiles::<Wide<Q5_1>>(&data, n, k / 32).unwrap(), n, k),
+        };
+        assert_same_bits(&got, &want, &format!("{dtype:?} wide weights"));
+    }
+
+    /// The `[n, k]` weights the tiles hold, row by row.
+    fn weights<T: Tile>(t: &[T], n: usize, k: usize) -> Vec<f32> {
+        let columns = TileColumns::all(t, k / T::INPUTS);
+        let mut out = vec![0f32; n * k];
+        for (i, row) in out.chunks_exact_mut(k).enumerate() {
+            blocks::row(Portable, columns.group(i / TILE, 1), i % TILE, row);
+        }
+        out
+    }
+}
+
 #[test]
 fn forward_takes_any_leading_shape_and_layout() {
     let (n, k) = (13, 64);

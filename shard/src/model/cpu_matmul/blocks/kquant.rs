@@ -144,6 +144,10 @@ impl Tile for Q4K {
     fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
         s.nibbles(&self.qs[16 * at.part + at.pair])
     }
+    #[inline(always)]
+    fn quant_bytes<S: Simd>(&self, s: S, at: At) -> Option<S::B> {
+        Some(s.nibble_bytes(&self.qs[16 * at.part + at.pair]))
+    }
 }
 
 /// Q5_K: `{d, dmin, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]}` per column; input
@@ -186,9 +190,21 @@ impl Tile for Q5K {
     }
     #[inline(always)]
     fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
+        s.widen_unsigned(self.q5(s, at))
+    }
+    #[inline(always)]
+    fn quant_bytes<S: Simd>(&self, s: S, at: At) -> Option<S::B> {
+        Some(self.q5(s, at))
+    }
+}
+
+impl Q5K {
+    /// Pair `at`'s `q5`: the nibble and its 5th bit.
+    #[inline(always)]
+    fn q5<S: Simd>(&self, s: S, at: At) -> S::B {
         let (p, j) = (at.part, at.pair);
         let fifth = s.and(s.bits(&self.qh[p][j]), s.splat_bytes(0x10));
-        s.widen_unsigned(s.or(s.nibble_bytes(&self.qs[16 * p + j]), fifth))
+        s.or(s.nibble_bytes(&self.qs[16 * p + j]), fifth)
     }
 }
 
@@ -258,6 +274,18 @@ impl Tile for Q6K {
     }
     #[inline(always)]
     fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
+        s.widen_signed(self.signed(s, at))
+    }
+    #[inline(always)]
+    fn quant_bytes<S: Simd>(&self, s: S, at: At) -> Option<S::B> {
+        Some(self.signed(s, at))
+    }
+}
+
+impl Q6K {
+    /// Pair `at`'s `q6 - 32`, as i8.
+    #[inline(always)]
+    fn signed<S: Simd>(&self, s: S, at: At) -> S::B {
         let (p, t) = (at.part, at.pair);
         let (h, i) = (p / 4, p % 4);
         // Bits `2 i ..` of the re-laid `qh` to bits 4 and 5, beside the nibble.
@@ -270,6 +298,6 @@ impl Tile for Q6K {
             s.nibble_bytes(&self.ql[64 * h + 16 * i + t]),
             s.and(upper, s.splat_bytes(0x30)),
         );
-        s.widen_signed(s.sub_bytes(q6, s.splat_bytes(32)))
+        s.sub_bytes(q6, s.splat_bytes(32))
     }
 }

@@ -41,9 +41,19 @@ impl Tile for Q4_0 {
     }
     #[inline(always)]
     fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
-        // `nibble - 8`, as an i8.
-        let q = s.sub_bytes(s.nibble_bytes(&self.qs[at.pair]), s.splat_bytes(8));
-        s.widen_signed(q)
+        s.widen_signed(self.signed(s, at.pair))
+    }
+    #[inline(always)]
+    fn quant_bytes<S: Simd>(&self, s: S, at: At) -> Option<S::B> {
+        Some(self.signed(s, at.pair))
+    }
+}
+
+impl Q4_0 {
+    /// Pair `j`'s `nibble - 8`, as i8.
+    #[inline(always)]
+    fn signed<S: Simd>(&self, s: S, j: usize) -> S::B {
+        s.sub_bytes(s.nibble_bytes(&self.qs[j]), s.splat_bytes(8))
     }
 }
 
@@ -82,6 +92,10 @@ impl Tile for Q4_1 {
     #[inline(always)]
     fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
         s.nibbles(&self.qs[at.pair])
+    }
+    #[inline(always)]
+    fn quant_bytes<S: Simd>(&self, s: S, at: At) -> Option<S::B> {
+        Some(s.nibble_bytes(&self.qs[at.pair]))
     }
 }
 
@@ -125,15 +139,24 @@ impl Tile for Q5_0 {
     }
     #[inline(always)]
     fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
-        let j = at.pair;
-        // `q5 - 16` as an i8: the nibble where the 5th bit is set, else the nibble with
-        // its upper four bits set (`nibble | 0xF0` is `nibble - 16`).
+        s.widen_signed(self.signed(s, at.pair))
+    }
+    #[inline(always)]
+    fn quant_bytes<S: Simd>(&self, s: S, at: At) -> Option<S::B> {
+        Some(self.signed(s, at.pair))
+    }
+}
+
+impl Q5_0 {
+    /// Pair `j`'s `q5 - 16` as i8: the nibble where the 5th bit is set, else the nibble
+    /// with its upper four bits set (`nibble | 0xF0` is `nibble - 16`).
+    #[inline(always)]
+    fn signed<S: Simd>(&self, s: S, j: usize) -> S::B {
         let fifth = s.bits(&self.qh[j]);
-        let q = s.or(
+        s.or(
             s.nibble_bytes(&self.qs[j]),
             s.and_not(fifth, s.splat_bytes(0xF0)),
-        );
-        s.widen_signed(q)
+        )
     }
 }
 
@@ -174,9 +197,20 @@ impl Tile for Q5_1 {
     }
     #[inline(always)]
     fn quants<S: Simd>(&self, s: S, at: At) -> [S::V; 2] {
-        let j = at.pair;
+        s.widen_unsigned(self.q5(s, at.pair))
+    }
+    #[inline(always)]
+    fn quant_bytes<S: Simd>(&self, s: S, at: At) -> Option<S::B> {
+        Some(self.q5(s, at.pair))
+    }
+}
+
+impl Q5_1 {
+    /// Pair `j`'s `q5`: the nibble and its 5th bit.
+    #[inline(always)]
+    fn q5<S: Simd>(&self, s: S, j: usize) -> S::B {
         let fifth = s.and(s.bits(&self.qh[j]), s.splat_bytes(0x10));
-        s.widen_unsigned(s.or(s.nibble_bytes(&self.qs[j]), fifth))
+        s.or(s.nibble_bytes(&self.qs[j]), fifth)
     }
 }
 

@@ -1,18 +1,22 @@
-//! Many rows at once (prefill, a large batch): each tile column's quants and factors are
-//! unpacked once into a buffer, and every row of the piece takes them from there.
+//! Many rows at once (prefill, a large batch): each tile column's quants are unpacked once
+//! into a buffer of bytes (and its factors into vectors), and every row of the piece
+//! takes them from there.
 //!
 //! Streaming from the tiles, the kernel unpacks each quant once per group of rows (6 on
 //! AVX2), and the unpacking is about a third of its time even then (a kernel that skips
-//! it ran at 80 GFLOP/s on one thread against 56). From the buffer a quant vector is a
-//! load that feeds as many FMAs; the buffer (one tile column's quants as f32, 64 bytes an
-//! input: 36 KiB at 576 inputs) stays in L2 while the piece's rows go by. (Unpacking one
-//! tile at a time into L1, the rows' accumulators waiting in memory between tiles, was
-//! slower: 64 against 67 GFLOP/s for Q4_1 at 64 rows, 48 against 68 for Q4_K.) [`dot`]
-//! is the same function either way, so every output's arithmetic is the same.
+//! it ran at 80 GFLOP/s on one thread against 56). A byte per quant ([`Tile::quant_bytes`],
+//! every quant of these formats fits an i8) widens to f32 with one instruction per 8
+//! lanes, which the ports beside the FMAs' have room for, and the buffer (one tile
+//! column: 16 bytes an input, 9 KiB at 576 inputs) stays in L1 while the piece's rows go
+//! by. The buffer used to hold the quants as f32 (64 bytes an input, in L2): on one
+//! thread at 16 rows, Q4_1 ran 67 GFLOP/s from it and 72 from bytes, Q4_K 64 and 69, Q6_K
+//! 44 and 50 (`cpu_matmul::tests::bench`). (The 4- and 5-bit legacy formats mostly skip
+//! this buffer: their wide copy, `blocks::wide`, is bytes already.) [`dot`] is the same
+//! function either way, so every output's arithmetic is the same.
 
 use super::super::blocks::{At, Factors, Tile, TileColumns, TILE};
 use super::super::input::Rows;
-use super::super::simd::Simd;
+use super::super::simd::{Bytes, Simd};
 use super::super::Half;
 use super::dot::{dot, Source};
 use super::store;
@@ -21,10 +25,10 @@ use super::store;
 /// rows share the unpacking well enough. Speed only.
 pub(super) const MIN_ROWS: usize = 12;
 
-/// One tile column unpacked: the quants of each tile's pairs (part after part) and the
-/// factors of each tile's parts, tile after tile.
+/// One tile column unpacked: the quants of each tile's pairs as bytes (part after part)
+/// and the factors of each tile's parts, tile after tile.
 struct Unpacked<V> {
-    quants: Vec<[V; 2]>,
+    quants: Vec<Bytes>,
     factors: Vec<Factors<V>>,
 }
 
@@ -34,7 +38,7 @@ impl<V: Copy> Unpacked<V> {
     fn new<S: Simd<V = V>, T: Tile>(s: S, nb: usize) -> Self {
         let zero = s.zero();
         Unpacked {
-            quants: vec![[zero; 2]; nb * T::PARTS * T::PAIRS],
+            quants: vec![[0; 2 * TILE]; nb * T::PARTS * T::PAIRS],
             factors: vec![Factors::scale(zero, zero); nb * T::PARTS],
         }
     }
@@ -50,8 +54,9 @@ impl<V: Copy> Unpacked<V> {
                     *f = tile.factors(s, part);
                 }
                 for pair in 0..T::PAIRS {
-                    if let Some(q) = quants.next() {
-                        *q = tile.quants(s, At { part, pair });
+                    let bytes = tile.quant_bytes(s, At { part, pair });
+                    if let (Some(q), Some(bytes)) = (quants.next(), bytes) {
+                        s.store_bytes(bytes, q);
                     }
                 }
             }
@@ -61,7 +66,7 @@ impl<V: Copy> Unpacked<V> {
 
 impl<S: Simd, T: Tile> Source<S, T> for Unpacked<S::V> {
     type Block<'a>
-        = (&'a [[S::V; 2]], &'a [Factors<S::V>])
+        = (&'a [Bytes], &'a [Factors<S::V>])
     where
         Self: 'a;
     #[inline(always)]
@@ -77,8 +82,8 @@ impl<S: Simd, T: Tile> Source<S, T> for Unpacked<S::V> {
         block.1[p]
     }
     #[inline(always)]
-    fn quants(_: S, block: Self::Block<'_>, at: At) -> [S::V; 2] {
-        block.0[at.part * T::PAIRS + at.pair]
+    fn quants(s: S, block: Self::Block<'_>, at: At) -> [S::V; 2] {
+        s.signed_bytes(&block.0[at.part * T::PAIRS + at.pair])
     }
 }
 

@@ -145,6 +145,10 @@ impl Simd for Avx2 {
         unsafe { _mm256_loadu_si256(q.as_ptr().cast()) }
     }
     #[inline(always)]
+    fn store_bytes(self, b: __m256i, out: &mut Bytes) {
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), b) }
+    }
+    #[inline(always)]
     fn splat_bytes(self, v: u8) -> __m256i {
         unsafe { _mm256_set1_epi8(v as i8) }
     }
@@ -317,6 +321,10 @@ impl Simd for Avx512 {
     #[inline(always)]
     fn bytes(self, q: &Bytes) -> __m256i {
         self.avx2().bytes(q)
+    }
+    #[inline(always)]
+    fn store_bytes(self, b: __m256i, out: &mut Bytes) {
+        self.avx2().store_bytes(b, out)
     }
     #[inline(always)]
     fn splat_bytes(self, v: u8) -> __m256i {
