@@ -164,6 +164,7 @@ impl Tiles {
 
     /// Bytes [`Tiles::widened`] would take; 0 for formats without a wide copy.
     pub(super) fn widened_bytes(&self) -> usize {
+        // Every `Wide` tile is the same size, whichever format it came from.
         let bytes = |tiles: usize| tiles * std::mem::size_of::<Wide<Q4_0>>();
         match self {
             Tiles::Q4_0(t) => bytes(t.len()),
