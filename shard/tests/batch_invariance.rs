@@ -8,8 +8,10 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use common::*;
+use sonde_proto::WeightQuant;
 use sonde_shard::engine::types::{Batch, Request, TokenScore};
 use sonde_shard::engine::Engine;
+use sonde_shard::loader::LoadOptions;
 use sonde_tokenizer::ModelTokenizer;
 
 const TEXTS: [&str; 4] = [
@@ -163,4 +165,31 @@ fn gguf_scores_are_batch_invariant_sampled() {
 #[test]
 fn safetensors_scores_are_batch_invariant() {
     check_model(&hf_f32_path(), true);
+}
+
+/// The wide copy of the Q4/Q5 matrices (read by every product of two rows or more, see
+/// docs/shard.md, "Weights") changes no bit: a batch of 32 with every score on, on an
+/// engine with it and on one without.
+#[test]
+fn gguf_scores_are_the_same_bits_without_the_wide_copy() {
+    let tok = ModelTokenizer::from_gguf_file(&gguf_path()).unwrap();
+    let prompts = prompts(&tok);
+    let run = |engine: &mut Engine| {
+        let batch = (0..32u64)
+            .map(|i| target(i, &prompts[i as usize], i % 2 == 1))
+            .collect();
+        run_batch(engine, 1, batch)
+    };
+    let with = run(&mut engine(&gguf_path(), 16_384));
+    let opts = LoadOptions {
+        wide_quants_bytes: 0,
+        ..LoadOptions::cpu(WeightQuant::default())
+    };
+    let without = run(&mut engine_opts(&gguf_path(), 16_384, &opts));
+    assert_eq!(with.len(), 32);
+    for (id, a) in &with {
+        let b = &without[id];
+        // `{:?}` of an f32 is the shortest text that reads back to its bits.
+        assert_eq!(format!("{a:?}"), format!("{b:?}"), "request {id}");
+    }
 }
