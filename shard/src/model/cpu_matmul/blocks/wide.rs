@@ -41,8 +41,11 @@ impl<T> Copy for Wide<T> {}
 impl<T: Tile> Wide<T> {
     /// The wide copy of one packed tile.
     pub(in super::super) fn of(packed: &T) -> Self {
+        // One part of 16 pairs, and a format that gives its quants as bytes (every one
+        // that unpacks once does, see `Tile::quant_bytes`).
         const {
             assert!(T::PARTS == 1 && T::PAIRS == 16 && T::SPAN == 16 && !T::SPLIT);
+            assert!(T::UNPACK_ONCE);
         }
         let mut wide = Self::ZERO;
         let f = packed.factors(Portable, 0);
@@ -52,11 +55,9 @@ impl<T: Tile> Wide<T> {
             wide.b[c] = f16::from_f32(f.b[0][c]).to_bits();
         }
         for (j, q) in wide.qs.iter_mut().enumerate() {
-            let [lo, hi] = packed.quants(Portable, At { part: 0, pair: j });
-            for c in 0..TILE {
-                // Integers within -16..=31: exact as i8.
-                q[c] = lo[c] as i8 as u8;
-                q[TILE + c] = hi[c] as i8 as u8;
+            // The packed format's own bytes, in this layout already.
+            if let Some(bytes) = packed.quant_bytes(Portable, At { part: 0, pair: j }) {
+                *q = bytes;
             }
         }
         wide
