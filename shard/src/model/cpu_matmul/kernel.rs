@@ -7,7 +7,7 @@ use super::input::Rows;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Avx2, Avx512};
 use super::simd::{Portable, Simd};
-use super::Half;
+use super::{Half, Out};
 use dot::{dot, Packed};
 
 mod dot;
@@ -70,7 +70,7 @@ const PIECE_ROWS: usize = 24;
 /// column unpacked once (`unpacked`), a smaller one streams the tiles ([`sweep`]). The
 /// two are separate `#[target_feature]` functions: compiled as one, the single-row loop
 /// lost 7% (registers LLVM kept for the other path).
-pub(super) fn columns<T: Tile>(m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]], isa: Isa) {
+pub(super) fn columns<T: Tile>(m: TileColumns<T>, x: Rows, out: &mut [&mut [Out]], isa: Isa) {
     let rows_per_piece = (PIECE_BYTES / (4 * m.k())).max(PIECE_ROWS) / PIECE_ROWS * PIECE_ROWS;
     for (p, out) in out.chunks_mut(rows_per_piece).enumerate() {
         let x = x.from(p * rows_per_piece);
@@ -101,7 +101,7 @@ pub(super) fn columns<T: Tile>(m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn stream_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
+fn stream_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Rows, out: &mut [&mut [Out]]) {
     // A vector is 2 ymm, and each row and tile keeps a sum per half of a part (one
     // without a split): 6 rows x 1 tile = 12 sum registers, so each unpacked quant feeds 6
     // rows, leaving registers for the unpacking; one row gets 4 tiles for 8 chains (as
@@ -117,7 +117,7 @@ fn stream_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Rows, out: &mut [&mut [f3
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn unpacked_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
+fn unpacked_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Rows, out: &mut [&mut [Out]]) {
     // The row groups of `stream_avx2`.
     if T::SPLIT {
         unpacked::sweep::<_, T, 4, 0>(t, m, x, out)
@@ -128,7 +128,7 @@ fn unpacked_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Rows, out: &mut [&mut [
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn stream_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
+fn stream_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&mut [Out]]) {
     // 8 rows x 1 tile = 8 sum registers of the 32 (16 with a split): each unpacked quant
     // vector feeds 8 FMAs; 4 rows x 2 tiles as many. One row: 8 tiles (4 with a split),
     // 8 independent chains.
@@ -141,7 +141,7 @@ fn stream_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&mut
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn unpacked_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&mut [f32]]) {
+fn unpacked_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&mut [Out]]) {
     // The row groups of `stream_avx512`.
     unpacked::sweep::<_, T, 8, 4>(t, m, x, out)
 }
@@ -196,7 +196,7 @@ fn sweep<
     s: S,
     m: TileColumns<T>,
     x: Rows,
-    out: &mut [&mut [f32]],
+    out: &mut [&mut [Out]],
 ) {
     let mut done = tier::<S, T, R, C>(s, m, x, out);
     if 2 < R2 && R2 < R {
@@ -219,7 +219,7 @@ fn tier<S: Simd, T: Tile, const R: usize, const C: usize>(
     s: S,
     m: TileColumns<T>,
     x: Rows,
-    out: &mut [&mut [f32]],
+    out: &mut [&mut [Out]],
 ) -> usize {
     let together = out.len() / R * R;
     if together > 0 {
@@ -238,7 +238,7 @@ fn span<S: Simd, T: Tile, const R: usize, const C: usize>(
     s: S,
     m: TileColumns<T>,
     x: Rows,
-    out: &mut [&mut [f32]],
+    out: &mut [&mut [Out]],
 ) -> usize {
     let groups = m.groups();
     let mut g = m.from;
@@ -262,16 +262,19 @@ fn span<S: Simd, T: Tile, const R: usize, const C: usize>(
 }
 
 /// Writes the 16 sums `v` to `row[at..]`, as many as fit (the last tile of a matrix may
-/// stand past its last column).
+/// stand past its last column). Once per 16 outputs of a whole row of tiles, so the copy
+/// through `h` costs nothing measurable.
 #[inline(always)]
-fn store<S: Simd>(s: S, v: S::V, row: &mut [f32], at: usize) {
+fn store<S: Simd>(s: S, v: S::V, row: &mut [Out], at: usize) {
+    let mut h: Half = [0.0; TILE];
+    s.store(v, &mut h);
     match row.get_mut(at..).and_then(|r| r.first_chunk_mut::<TILE>()) {
-        Some(dst) => s.store(v, dst),
-        None => {
-            let mut h: Half = [0.0; TILE];
-            s.store(v, &mut h);
-            store_part(&h, row.get_mut(at..).unwrap_or_default());
+        Some(dst) => {
+            for (d, v) in dst.iter_mut().zip(h) {
+                d.write(v);
+            }
         }
+        None => store_part(&h, row.get_mut(at..).unwrap_or_default()),
     }
 }
 
@@ -279,7 +282,8 @@ fn store<S: Simd>(s: S, v: S::V, row: &mut [f32], at: usize) {
 /// fixed-size store above with this copy into a `memcpy` call in the hot loop.
 #[cold]
 #[inline(never)]
-fn store_part(sum: &Half, dst: &mut [f32]) {
-    let n = dst.len().min(TILE);
-    dst[..n].copy_from_slice(&sum[..n]);
+fn store_part(sum: &Half, dst: &mut [Out]) {
+    for (d, v) in dst.iter_mut().zip(sum) {
+        d.write(*v);
+    }
 }

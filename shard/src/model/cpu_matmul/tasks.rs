@@ -6,7 +6,7 @@ use super::blocks::{Tile, TileColumns, TILE};
 use super::formats::Tiles;
 use super::input::{run_sums, Rows};
 use super::kernel::{columns, Isa};
-use super::{CpuQuantMatrix, COL_ALIGN, MIN_TASK_MACS, TASKS_PER_THREAD, WIDE_MIN_ROWS};
+use super::{CpuQuantMatrix, Out, COL_ALIGN, MIN_TASK_MACS, TASKS_PER_THREAD, WIDE_MIN_ROWS};
 use crate::team::Team;
 
 impl CpuQuantMatrix {
@@ -20,13 +20,13 @@ impl CpuQuantMatrix {
     /// Splits this product of `m` rows into column tasks over `out` (`m` rows of `n`):
     /// task `t` computes the columns `t*cols ..` of every row and gets those `m` pieces
     /// of `out` to write the sums straight into.
-    fn tasks<'a>(&'a self, out: &'a mut [f32], m: usize, cols: Option<usize>) -> Vec<Piece<'a>> {
+    fn tasks<'a>(&'a self, out: &'a mut [Out], m: usize, cols: Option<usize>) -> Vec<Piece<'a>> {
         // Tasks start on tile boundaries.
         let cols = cols
             .unwrap_or_else(|| self.cols_per_task(m))
             .max(1)
             .next_multiple_of(TILE);
-        let mut rows: Vec<Vec<&mut [f32]>> = (0..self.n.div_ceil(cols))
+        let mut rows: Vec<Vec<&mut [Out]>> = (0..self.n.div_ceil(cols))
             .map(|_| Vec::with_capacity(m))
             .collect();
         for row in out.chunks_mut(self.n) {
@@ -71,10 +71,13 @@ pub(super) fn products(
 ) -> Vec<Vec<f32>> {
     let k = ms.first().map_or(1, |mat| mat.k.max(1));
     let m = x.len() / k;
-    let mut outs: Vec<Vec<f32>> = ms.iter().map(|mat| vec![0f32; m * mat.n]).collect();
     if m == 0 {
-        return outs;
+        return vec![Vec::new(); ms.len()];
     }
+    let mut outs: Vec<Box<[Out]>> = ms
+        .iter()
+        .map(|mat| Box::new_uninit_slice(m * mat.n))
+        .collect();
     // Formats with an offset need the rows' run sums (see `input`): once for all tasks.
     let sums = if ms.iter().any(|mat| mat.tiles.has_offset()) {
         run_sums(x)
@@ -89,7 +92,14 @@ pub(super) fn products(
         .flat_map(|(mat, out)| mat.tasks(out, m, cols))
         .collect();
     run_pieces(rows, pieces, isa);
-    outs
+    outs.into_iter()
+        // SAFETY: every output is written: each matrix's tasks split every row of its
+        // output into column ranges that cover it (`tasks`), and each task writes all of
+        // its range in every row (`kernel::columns`: every tile column, every row).
+        // `run_pieces` returns only when every task has finished (a panic in one
+        // reaches here as a panic, and the buffers are dropped uninitialized).
+        .map(|out| unsafe { out.assume_init() }.into_vec())
+        .collect()
 }
 
 /// One column task of a product: the columns `t*cols ..` (a multiple of 16) of every row
@@ -97,7 +107,7 @@ pub(super) fn products(
 pub(super) struct Task<'a> {
     cols: usize,
     t: usize,
-    rows: Vec<&'a mut [f32]>,
+    rows: Vec<&'a mut [Out]>,
 }
 
 /// A task and the tiles it multiplies.

@@ -17,7 +17,7 @@
 use super::super::blocks::{At, Factors, Tile, TileColumns, TILE};
 use super::super::input::Rows;
 use super::super::simd::{Bytes, Simd};
-use super::super::Half;
+use super::super::{Half, Out};
 use super::dot::{dot, Source};
 use super::store;
 
@@ -95,7 +95,7 @@ pub(super) fn sweep<S: Simd, T: Tile, const R: usize, const R2: usize>(
     s: S,
     m: TileColumns<T>,
     x: Rows,
-    out: &mut [&mut [f32]],
+    out: &mut [&mut [Out]],
 ) {
     let mut buf = Unpacked::new::<S, T>(s, m.nb);
     for g in m.from..m.groups() {
@@ -131,7 +131,7 @@ impl<V: Copy> Column<'_, V> {
         &self,
         s: S,
         x: Rows,
-        out: &mut [&mut [f32]],
+        out: &mut [&mut [Out]],
     ) -> usize {
         let together = out.len() / R * R;
         for (i, out) in out[..together].chunks_exact_mut(R).enumerate() {
