@@ -65,13 +65,15 @@ pub(super) fn dot<S: Simd, T: Tile, Src: Source<S, T>, const R: usize, const C: 
 ) -> [[S::V; C]; R] {
     let chunks = T::INPUTS / LANES;
     // The outputs' accumulators, changed once per part. With several rows they do not
-    // fit in registers beside the sums, and LLVM, keeping them as values, spilled and
-    // shuffled them around every part; kept in memory behind `black_box` (opaque to the
-    // optimizer, so each update is one load, the multiply-adds and one store) the AVX2
-    // kernel ran 3–5% faster at 16 and 64 rows (Q4_1, Q4_K), 8–10% (Q6_K). One row's
-    // few accumulators stay in registers. Speed only: the arithmetic is the same.
+    // fit in registers beside the sums, and where a part ends in more than one
+    // multiply-add per accumulator (an offset, a split) LLVM, keeping them as values,
+    // spilled and shuffled them around every part. Kept in memory behind `black_box`
+    // (opaque to the optimizer, so each update is one load, the multiply-adds and one
+    // store) the AVX2 kernel ran 3–5% faster at 16 and 64 rows (Q4_1 packed and wide,
+    // Q4_K), 8–10% (Q6_K); Q8_0's single multiply-add per part lost 2% that way, and one
+    // row's few accumulators fit in registers. Speed only: the arithmetic is the same.
     let mut acc_memory: [[Half; C]; R] = [[[0.0; LANES]; C]; R];
-    let accm = if R > 1 {
+    let accm = if R > 1 && (T::OFFSET || T::SPLIT) {
         std::hint::black_box(&mut acc_memory)
     } else {
         &mut acc_memory

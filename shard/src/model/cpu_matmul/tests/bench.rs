@@ -35,7 +35,8 @@ fn quantized(dtype: GgmlDType, n: usize, k: usize) -> QTensor {
 /// `RAYON_NUM_THREADS=T cargo test -p sonde-shard --release --lib cpu_matmul::tests::bench
 /// -- --ignored --nocapture`, for T = 1 and 2 (candle's pool reads the same variable, once
 /// per process). `SONDE_BENCH_FORMATS=q4_k,q6_k` picks formats, `SONDE_BENCH_ROWS=1,2,4`
-/// the row counts (default 1 and 16), and `SONDE_BENCH_CANDLE=0` skips candle's side.
+/// the row counts (default 1 and 16), `SONDE_BENCH_CANDLE=0` skips candle's side, and
+/// `SONDE_BENCH_WIDE=1` gives the Q4_0–Q5_1 matrices their wide copy, as the shard does.
 /// Gemma 3 270M's shapes:
 /// 640 → 2048 (gate/up), 2048 → 640 (down), and its tied 262144 × 640 Q8_0 output layer
 /// (which prompt logprobs run at 64 rows a chunk). GB/s: the weights' bytes streamed per
@@ -56,6 +57,7 @@ fn bench() {
         .map(|r| r.trim().parse().unwrap())
         .collect();
     let with_candle = std::env::var("SONDE_BENCH_CANDLE").map_or(true, |v| v != "0");
+    let wide = std::env::var("SONDE_BENCH_WIDE").is_ok_and(|v| v == "1");
     let mut cases: Vec<(GgmlDType, usize, usize, &[usize])> = Vec::new();
     for dtype in FORMATS {
         let name = format!("{dtype:?}");
@@ -75,7 +77,10 @@ fn bench() {
     let mut results = Vec::new();
     for (dtype, k, n, rows) in cases {
         let q = quantized(dtype, n, k);
-        let ours = CpuQuantMatrix::from_qtensor(&q).unwrap();
+        let mut ours = CpuQuantMatrix::from_qtensor(&q).unwrap();
+        if wide {
+            ours.add_wide_copy();
+        }
         let mut timed = Vec::new();
         for &m in rows {
             let mut rng = ChaCha8Rng::seed_from_u64(8);
