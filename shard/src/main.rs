@@ -23,9 +23,10 @@ struct Args {
     /// KV cache budget in tokens over all running requests (prompt + max_new_tokens each).
     #[arg(long, default_value_t = 16_384)]
     max_batch_total_tokens: usize,
-    /// Prompt positions whose logits are computed at once when scoring prompts.
-    #[arg(long, default_value_t = 64)]
-    prompt_logits_chunk: usize,
+    /// Prompt positions whose logits are computed at once when scoring prompts (default:
+    /// as many as keep their logits within 8 MiB, from 8 to 32).
+    #[arg(long)]
+    prompt_logits_chunk: Option<usize>,
     /// The automatic prefix cache: prompt positions an earlier request computed are
     /// loaded, not recomputed, with bit-identical scores. It lives in the part of the KV
     /// budget no running request reserves.

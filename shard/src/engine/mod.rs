@@ -28,8 +28,9 @@ pub struct EngineConfig {
     /// KV cache budget over all held requests, in tokens (prompt + max_new_tokens each).
     pub max_batch_total_tokens: usize,
     /// Prompt positions whose logits exist at once when scoring a prompt, so that
-    /// positions × vocabulary never materialises in full.
-    pub prompt_logits_chunk: usize,
+    /// positions × vocabulary never materialises in full; `None`: [`auto_logits_chunk`]
+    /// of the model's vocabulary.
+    pub prompt_logits_chunk: Option<usize>,
     /// The automatic prefix cache (`prefix.rs`), in the part of the budget no request
     /// reserves. It needs the host KV layout; elsewhere it stays off.
     pub prefix_cache: bool,
@@ -42,11 +43,25 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             max_batch_total_tokens: 16_384,
-            prompt_logits_chunk: 64,
+            prompt_logits_chunk: None,
             prefix_cache: true,
             speculation: Speculation::default(),
         }
     }
+}
+
+/// Bytes of logits a chunk of prompt positions may take (see [`auto_logits_chunk`]).
+const PROMPT_LOGITS_BYTES: usize = 8 << 20;
+
+/// Prompt positions scored at once by default: as many as keep their f32 logits within
+/// [`PROMPT_LOGITS_BYTES`], from 8 to 32. The chunk's logits are written by the output
+/// layer and read back by the scoring; kept in the last-level cache rather than streamed
+/// through memory, a 512-token prompt with every position's logprobs took 2.4–2.8 s
+/// instead of 3.0–3.1 s on Gemma 3 (262,144 tokens: 8 positions where it was 64), and
+/// 1.19–1.26 s instead of 1.24–1.31 s on SmolLM2 (49,152: 32). Speed only: a row's logits
+/// do not depend on the rows beside it.
+pub fn auto_logits_chunk(vocab: usize) -> usize {
+    (PROMPT_LOGITS_BYTES / (4 * vocab.max(1))).clamp(8, 32)
 }
 
 /// What one Prefill or Decode step produced.

@@ -11,7 +11,7 @@ use super::scoring::{first_prompt_token, Scorer};
 use super::sequence::Sequence;
 use super::speculation::{take_verified, Verify};
 use super::types::{FinishReason, Generation, TokenScore};
-use super::Engine;
+use super::{auto_logits_chunk, Engine};
 use crate::error::EngineError;
 use crate::model::{Model, SeqCache, SeqSpan, StepInput};
 
@@ -121,7 +121,11 @@ impl Engine {
         let mut scores = Vec::with_capacity(prompt.len());
         scores.extend(prompt.first().map(|&t| first_prompt_token(t)));
         let mut last = Vec::new();
-        let chunk = self.cfg.prompt_logits_chunk.max(1);
+        let chunk = self
+            .cfg
+            .prompt_logits_chunk
+            .unwrap_or_else(|| auto_logits_chunk(vocab))
+            .max(1);
         let mut begin = 0;
         while begin < prompt.len() {
             let len = chunk.min(prompt.len() - begin);

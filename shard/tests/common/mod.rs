@@ -38,7 +38,7 @@ pub fn engine_opts(path: &std::path::Path, budget: usize, opts: &LoadOptions) ->
 pub fn config(budget: usize) -> EngineConfig {
     EngineConfig {
         max_batch_total_tokens: budget,
-        prompt_logits_chunk: 16,
+        prompt_logits_chunk: Some(16),
         prefix_cache: true,
         speculation: Speculation::default(),
     }

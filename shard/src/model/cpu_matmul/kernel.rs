@@ -262,8 +262,8 @@ fn span<S: Simd, T: Tile, const R: usize, const C: usize>(
 }
 
 /// Writes the 16 sums `v` to `row[at..]`, as many as fit (the last tile of a matrix may
-/// stand past its last column). Once per 16 outputs of a whole row of tiles, so the copy
-/// through `h` costs nothing measurable.
+/// stand past its last column). Called once per 16 outputs, after their whole dot products,
+/// so the copy through `h` costs nothing measurable.
 #[inline(always)]
 fn store<S: Simd>(s: S, v: S::V, row: &mut [Out], at: usize) {
     let mut h: Half = [0.0; TILE];
