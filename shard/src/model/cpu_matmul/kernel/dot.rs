@@ -117,7 +117,7 @@ pub(super) fn dot<S: Simd, T: Tile, Src: Source<S, T>, const R: usize, const C: 
                 }
             }
             let start = b * T::INPUTS + first_input::<T>(p);
-            for ((acc, sums), row) in accm.iter_mut().zip(&sums).zip(rows) {
+            for ((row_acc, sums), row) in accm.iter_mut().zip(&sums).zip(rows) {
                 let (lo, hi) = if T::OFFSET {
                     (
                         half_sum(row.1, start, T::PAIRS),
@@ -127,23 +127,23 @@ pub(super) fn dot<S: Simd, T: Tile, Src: Source<S, T>, const R: usize, const C: 
                     (0.0, 0.0)
                 };
                 let halves = if T::SPLIT { [lo, hi] } else { [lo + hi, 0.0] };
-                for ((accm, sums), f) in acc.iter_mut().zip(sums).zip(&factors) {
-                    let mut acc = s.load(accm);
+                for ((slot, sums), f) in row_acc.iter_mut().zip(sums).zip(&factors) {
+                    let mut acc = s.load(slot);
                     for h in 0..=hi_sum {
                         acc = s.mul_add(f.a[h], sums[h], acc);
                         if T::OFFSET {
                             acc = s.mul_add(f.b[h], s.splat(halves[h]), acc);
                         }
                     }
-                    s.store(acc, accm);
+                    s.store(acc, slot);
                 }
             }
         }
     }
     let mut acc = [[s.zero(); C]; R];
-    for (acc, accm) in acc.iter_mut().zip(accm.iter()) {
-        for (acc, accm) in acc.iter_mut().zip(accm) {
-            *acc = s.load(accm);
+    for (row_acc, row_memory) in acc.iter_mut().zip(accm.iter()) {
+        for (acc, slot) in row_acc.iter_mut().zip(row_memory) {
+            *acc = s.load(slot);
         }
     }
     acc
