@@ -34,6 +34,11 @@ LOG_TAIL_LINES = 40
 # Servers alive right now, so a failing test can show what the router and shard logged.
 _LIVE = []
 
+# Servers started through the launcher (launched.py) keep their logs and model copies here
+# until the run ends: tests read a launcher's log after stopping it. Removed at the end of
+# the run, so repeated runs do not fill the disk.
+RUN_DIR = Path(tempfile.mkdtemp(prefix="sonde-e2e-"))
+
 
 def _free_port():
     with socket.socket() as s:
@@ -273,6 +278,13 @@ def reference():
         pytest.fail(f"{FORWARD_JSON} is missing: run scripts/test once to compute it",
                     pytrace=False)
     return json.loads(FORWARD_JSON.read_text())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("SONDE_E2E_KEEP_LOGS"):
+        print(f"\nsonde logs kept in {RUN_DIR}")
+    else:
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import requests
 
-from conftest import BIN_DIR, DATA_DIR, DEVICE_ARGS, REPO, Scraped, _free_port, _tail
+from conftest import BIN_DIR, DATA_DIR, DEVICE_ARGS, REPO, RUN_DIR, Scraped, _free_port, _tail
 
 START_TIMEOUT_S = 180
 
 
 class Launched(Scraped):
     def __init__(self, cmd, env=None, port=None, name="launcher", health_route="/health"):
-        self.dir = Path(tempfile.mkdtemp(prefix=f"sonde-{name}-"))
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=RUN_DIR))
         self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.health_route = health_route
