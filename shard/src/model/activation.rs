@@ -13,6 +13,7 @@ use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use std::mem::MaybeUninit;
 use std::sync::{Mutex, PoisonError};
 
+use super::layers::host_f32;
 use super::spec::Activation;
 use crate::fastmath::{gelu_tanh, silu};
 use crate::team::Team;
@@ -56,8 +57,8 @@ impl CustomOp2 for Gated {
                 up_layout.shape()
             );
         }
-        let gate = contiguous(gate, gate_layout)?;
-        let up = contiguous(up, up_layout)?;
+        let gate = host_f32(gate, gate_layout, "gated MLP")?;
+        let up = host_f32(up, up_layout, "gated MLP")?;
         if up.len() != gate.len() {
             candle_core::bail!("gated MLP: gate has {} values, up {}", gate.len(), up.len());
         }
@@ -116,14 +117,6 @@ fn apply_lanes(act: Activation, gate: &[f32], up: &[f32], out: &mut [MaybeUninit
             o.write(gelu_tanh(g) * u);
         }),
     }
-}
-
-/// The f32 values `layout` selects, when they are one contiguous run.
-fn contiguous<'a>(storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> {
-    let (start, end) = layout
-        .contiguous_offsets()
-        .ok_or_else(|| candle_core::Error::Msg("gated MLP: input is not contiguous".into()))?;
-    Ok(&storage.as_slice::<f32>()?[start..end])
 }
 
 #[cfg(test)]

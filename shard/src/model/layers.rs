@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use candle_core::quantized::QMatMul;
-use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_core::{CpuStorage, DType, Device, Layout, Module, Result, Tensor};
 
 use super::cpu_matmul::CpuQuantMatrix;
 
@@ -155,6 +155,19 @@ impl RmsNorm {
 
     /// Normalizes the last dimension.
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        candle_nn::ops::rms_norm(xs, &self.weight, self.eps)
+        super::rms_norm::rms_norm(xs, &self.weight, self.eps)
     }
+}
+
+/// The f32 values `layout` selects in a CPU tensor's storage, when they are one
+/// contiguous run; `op` names the op in the error.
+pub(super) fn host_f32<'a>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    op: &str,
+) -> Result<&'a [f32]> {
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{op}: input is not contiguous")))?;
+    Ok(&storage.as_slice::<f32>()?[start..end])
 }

@@ -13,6 +13,7 @@ pub mod kv_cache;
 pub mod layers;
 pub mod load;
 pub mod names;
+pub mod rms_norm;
 pub mod rope;
 pub mod spec;
 pub mod weights;
