@@ -43,6 +43,9 @@ impl CustomOp2 for HostRmsNorm {
         if xs_shape.dims().last() != Some(&n) {
             candle_core::bail!("rms norm: rows of {xs_shape:?} and weight of {n} differ");
         }
+        if n == 0 {
+            candle_core::bail!("rms norm: rows of {xs_shape:?} are empty");
+        }
         let mut out = vec![0f32; xs.len()];
         for (src, dst) in xs.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
             row(src, alpha, self.eps, dst);
