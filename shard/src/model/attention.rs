@@ -22,7 +22,8 @@ mod kernels;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use kernels::{dot, softmax_numerators};
+pub(super) use kernels::dot;
+use kernels::softmax_numerators;
 
 /// Below this many multiply-adds per step, threads cost more than they save.
 const PARALLEL_MIN_MACS: usize = 1 << 16;

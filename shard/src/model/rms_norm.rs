@@ -6,10 +6,8 @@
 
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
+use super::attention::dot;
 use super::layers::host_f32;
-
-/// Partial sums of a row's squares: element i goes to lane i % LANES.
-const LANES: usize = 8;
 
 /// `x / sqrt(mean(x²) + eps) * alpha` over the last dimension: CPU f32 tensors here,
 /// candle's op on other devices.
@@ -54,23 +52,10 @@ impl CustomOp2 for HostRmsNorm {
     }
 }
 
-/// One row: the squares summed in LANES partial sums folded in a fixed order, then
-/// candle's `x / m * alpha`.
+/// One row: the squares summed as attention's `dot` sums (8 partial sums folded in a
+/// fixed order), then candle's `x / m * alpha`.
 fn row(src: &[f32], alpha: &[f32], eps: f32, dst: &mut [f32]) {
-    let (chunks, tail) = src.as_chunks::<LANES>();
-    let mut acc = [0f32; LANES];
-    for c in chunks {
-        for l in 0..LANES {
-            acc[l] += c[l] * c[l];
-        }
-    }
-    let mut rest = 0f32;
-    for &x in tail {
-        rest += x * x;
-    }
-    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
-    let sum = ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)) + rest;
-    let m = (sum / src.len() as f32 + eps).sqrt();
+    let m = (dot(src, src) / src.len() as f32 + eps).sqrt();
     for ((d, &s), &a) in dst.iter_mut().zip(src).zip(alpha) {
         *d = s / m * a;
     }

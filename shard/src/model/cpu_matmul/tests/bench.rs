@@ -39,8 +39,8 @@ fn quantized(dtype: GgmlDType, n: usize, k: usize) -> QTensor {
 /// `SONDE_BENCH_WIDE=1` gives the Q4_0–Q5_1 matrices their wide copy, as the shard does.
 /// Gemma 3 270M's shapes:
 /// 640 → 2048 (gate/up), 2048 → 640 (down), and its tied 262144 × 640 Q8_0 output layer
-/// (which prompt logprobs run 8 rows a chunk by default, `auto_logits_chunk`). GB/s: the weights' bytes streamed per
-/// second (at 1 row, the decode cost).
+/// (which prompt logprobs run 8 rows a chunk by default, `auto_logits_chunk`). GB/s: the
+/// weights' bytes streamed per second (at 1 row, the decode cost).
 #[test]
 #[ignore]
 fn bench() {
