@@ -11,17 +11,10 @@
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
 use std::mem::MaybeUninit;
-use std::sync::{Mutex, PoisonError};
 
-use super::layers::host_f32;
+use super::elementwise::{self, host_pair};
 use super::spec::Activation;
 use crate::fastmath::{gelu_tanh, silu};
-use crate::team::Team;
-
-/// Elements below which a piece of the pass is not worth another thread (a few µs).
-const MIN_TASK_ELEMENTS: usize = 4096;
-/// Pieces per thread to aim for, so uneven progress evens out.
-const TASKS_PER_THREAD: usize = 4;
 
 /// `act(gate) * up`, elementwise: CPU f32 tensors here, candle's ops on other devices.
 pub fn gated(activation: Activation, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
@@ -50,18 +43,7 @@ impl CustomOp2 for Gated {
         up: &CpuStorage,
         up_layout: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        if gate_layout.shape() != up_layout.shape() {
-            candle_core::bail!(
-                "gated MLP: gate {:?} and up {:?} differ in shape",
-                gate_layout.shape(),
-                up_layout.shape()
-            );
-        }
-        let gate = host_f32(gate, gate_layout, "gated MLP")?;
-        let up = host_f32(up, up_layout, "gated MLP")?;
-        if up.len() != gate.len() {
-            candle_core::bail!("gated MLP: gate has {} values, up {}", gate.len(), up.len());
-        }
+        let (gate, up) = host_pair((gate, gate_layout), (up, up_layout), "gated MLP")?;
         let mut out = Box::new_uninit_slice(gate.len());
         on_team(self.0, gate, up, &mut out);
         // SAFETY: `on_team` wrote every element (its pieces cover `out`).
@@ -72,19 +54,8 @@ impl CustomOp2 for Gated {
 
 /// `out[i] = act(gate[i]) * up[i]` for every `i`, in pieces on the team.
 fn on_team(act: Activation, gate: &[f32], up: &[f32], out: &mut [MaybeUninit<f32>]) {
-    let team = Team::global();
-    let tasks = (out.len() / MIN_TASK_ELEMENTS).clamp(1, team.threads() * TASKS_PER_THREAD);
-    let len = out.len().div_ceil(tasks).max(1);
-    if tasks == 1 {
-        return apply(act, gate, up, out);
-    }
-    let pieces: Vec<Mutex<&mut [MaybeUninit<f32>]>> = out.chunks_mut(len).map(Mutex::new).collect();
-    team.run(pieces.len(), &|i| {
-        // Each piece is locked once, by its own task: never poisoned, never contended.
-        let mut piece = pieces[i].lock().unwrap_or_else(PoisonError::into_inner);
-        let at = i * len;
-        let n = piece.len();
-        apply(act, &gate[at..at + n], &up[at..at + n], &mut piece);
+    elementwise::on_team(out, &|at, out| {
+        apply(act, &gate[at..at + out.len()], &up[at..at + out.len()], out)
     });
 }
 

@@ -26,6 +26,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use super::activation::gated;
 use super::attention::{host_attention, AttnParams, AttnStep, StepQkv};
 use super::attention_device::{device_attention, DeviceQkv};
+use super::elementwise;
 use super::kv_cache::{KvLayout, SeqCache};
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::rope::{Rope, RopeTables};
@@ -174,10 +175,10 @@ impl Model {
             };
             let a = self.attend(&h, &tables[layer.rope], step)?;
             let a = apply_norm(layer.post_attn_norm.as_ref(), a)?;
-            xs = (xs + a)?;
+            xs = elementwise::add(&xs, &a)?;
             let h = layer.ffn_norm.forward(&xs)?;
             let m = mlp(layer, self.spec.activation, &h)?;
-            xs = (&xs + apply_norm(layer.post_ffn_norm.as_ref(), m)?)?;
+            xs = elementwise::add(&xs, &apply_norm(layer.post_ffn_norm.as_ref(), m)?)?;
         }
         for (span, cache) in input.spans.iter().zip(caches.iter_mut()) {
             cache.advance(span.len);

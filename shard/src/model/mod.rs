@@ -9,6 +9,7 @@ pub mod attention;
 pub mod attention_device;
 pub mod cpu_matmul;
 pub mod decoder;
+pub mod elementwise;
 pub mod kv_cache;
 pub mod layers;
 pub mod load;
