@@ -93,7 +93,8 @@ impl CustomOp2 for Add {
                 o.write(x + y);
             }
         });
-        // SAFETY: `on_team`'s pieces cover `out`, and each writes all of its elements.
+        // SAFETY: `on_team`'s pieces cover `out`, and each writes all of its elements
+        // (`host_pair` gave `a` and `b` the length of `out`, so the zip stops at none).
         let out = unsafe { out.assume_init() }.into_vec();
         Ok((CpuStorage::F32(out), a_layout.shape().clone()))
     }
