@@ -76,7 +76,7 @@ pub(super) fn columns<T: Tile>(m: TileColumns<T>, x: Rows, out: &mut [&mut [Out]
         let x = x.from(p * rows_per_piece);
         let once = T::UNPACK_ONCE && out.len() >= unpacked::MIN_ROWS;
         match isa {
-            Isa::Portable if once => unpacked::sweep::<_, T, 4, 0>(Portable, m, x, out),
+            Isa::Portable if once => unpacked::sweep::<_, T, 4, 1, 0>(Portable, m, x, out),
             Isa::Portable => sweep::<_, T, 4, 1, 0, 0, 1, 2>(Portable, m, x, out),
             // SAFETY: the token `t` exists only if the CPU has the features these
             // functions enable (see `simd`).
@@ -120,30 +120,41 @@ fn stream_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Rows, out: &mut [&mut [Ou
 fn unpacked_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Rows, out: &mut [&mut [Out]]) {
     // The row groups of `stream_avx2`.
     if T::SPLIT {
-        unpacked::sweep::<_, T, 4, 0>(t, m, x, out)
+        unpacked::sweep::<_, T, 4, 1, 0>(t, m, x, out)
     } else {
-        unpacked::sweep::<_, T, 6, 4>(t, m, x, out)
+        unpacked::sweep::<_, T, 6, 1, 4>(t, m, x, out)
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 fn stream_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&mut [Out]]) {
-    // 8 rows x 1 tile = 8 sum registers of the 32 (16 with a split): each unpacked quant
-    // vector feeds 8 FMAs; 4 rows x 2 tiles as many. One row: 8 tiles (4 with a split),
-    // 8 independent chains.
+    // 8 rows x 2 tiles = 16 sum registers of the 32: each unpacked quant vector feeds 8
+    // FMAs and each row's activation (broadcast once into a register) 2. With one tile,
+    // every FMA took its activation as a broadcast from memory: 16 loads beside 2 quant
+    // loads per 16 FMAs, as many as the load ports do in the cycles the FMAs and the
+    // widening take. At 2 tiles, one thread, the two alternated in one process: Q4_1 from
+    // the wide copy (SmolLM2's shapes, 8–96 rows) 10–28% faster, Q4_0 / Q5_0 / Q5_1 4–21%,
+    // Q4_K at 8 rows 47%, Q8_0 (the output layer) -7% to +18%; 3 tiles spill (0.6x).
+    // With a split, 8 rows x 1 tile already take 16 registers. 4 rows x 2 tiles feed each
+    // quant vector 4 FMAs; one row: 8 tiles (4 with a split), 8 independent chains.
     if T::SPLIT {
         sweep::<_, T, 8, 1, 4, 2, 2, 4>(t, m, x, out)
     } else {
-        sweep::<_, T, 8, 1, 4, 2, 4, 8>(t, m, x, out)
+        sweep::<_, T, 8, 2, 4, 2, 4, 8>(t, m, x, out)
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 fn unpacked_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&mut [Out]]) {
-    // The row groups of `stream_avx512`.
-    unpacked::sweep::<_, T, 8, 4>(t, m, x, out)
+    // The row groups of `stream_avx512` (Q4_K and Q5_K at 16 and 96 rows: 2 tiles 9–25%
+    // faster than 1).
+    if T::SPLIT {
+        unpacked::sweep::<_, T, 8, 1, 4>(t, m, x, out)
+    } else {
+        unpacked::sweep::<_, T, 8, 2, 4>(t, m, x, out)
+    }
 }
 
 /// Lane `c` of the tile column `column` (its tiles) into `out`, with the kernel variant
