@@ -135,9 +135,10 @@ fn stream_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&mut
     // loads per 16 FMAs, as many as the load ports do in the cycles the FMAs and the
     // widening take. At 2 tiles, one thread, the two alternated in one process: Q4_1 from
     // the wide copy (SmolLM2's shapes, 8–96 rows) 10–28% faster, Q4_0 / Q5_0 / Q5_1 4–21%,
-    // Q4_K at 8 rows 47%, Q8_0 (the output layer) -7% to +18%; 3 tiles spill (0.6x).
-    // With a split, 8 rows x 1 tile already take 16 registers. 4 rows x 2 tiles feed each
-    // quant vector 4 FMAs; one row: 8 tiles (4 with a split), 8 independent chains.
+    // Q4_K at 8 rows 47%, Q8_0 (the output layer) +12% at 16 rows, -7% at 96; 3 tiles
+    // spill (0.6x). With a split, 8 rows x 1 tile already take 16 registers. 4 rows x 2
+    // tiles feed each quant vector 4 FMAs; one row: 8 tiles (4 with a split), 8
+    // independent chains.
     if T::SPLIT {
         sweep::<_, T, 8, 1, 4, 2, 2, 4>(t, m, x, out)
     } else {
