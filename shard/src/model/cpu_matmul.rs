@@ -54,18 +54,19 @@
 //! tile (`blocks`), keeping the quants' and scales' bytes (the bytes a decode step
 //! streams are its cost), so one vector op unpacks one input of 16 columns and the
 //! scales are vectors too. The kernel (`kernel`) takes `R` rows against `C` tiles: each
-//! unpacked quant vector feeds `R` FMAs, each activation (broadcast) `C`, and the `R *
-//! C` sums are independent FMA chains (AVX-512: 8 rows x 2 tiles, then 4 x 2 and 2 x 4
-//! for the rows left over, a single row 8 tiles; AVX2+FMA: 6 x 1, then 4 x 1 and 2 x 2,
-//! one row 4 tiles; Q6_K, whose parts keep two sums, half as many tiles or rows). Rows
-//! go in L2-sized pieces; threads (`team`: the caller and helpers that spin briefly between products; small
-//! products stay on the calling thread) take ranges of tile columns and write their sums
-//! straight into the output rows. A Q4_0 / Q4_1 / Q5_0 / Q5_1 matrix may also hold a wide
-//! copy, its quants a byte each (`blocks::wide`), which products of two rows or more read:
-//! the same values, so the same sums. The kernel is written once, generic over a 16-lane
-//! vector type (`simd`), and instantiated inside `#[target_feature]` functions chosen
-//! once per process at run time, so the default x86-64 build still gets wide vectors;
-//! everything below those functions must inline into them (see `simd`, "Inlining").
+//! unpacked quant vector feeds `R` FMAs, each activation (broadcast) `C`, and the
+//! `R * C` sums are independent FMA chains (AVX-512: 8 rows x 2 tiles, then 4 x 2 and
+//! 2 x 4 for the rows left over, a single row 8 tiles; AVX2+FMA: 6 x 1, then 4 x 1 and
+//! 2 x 2, one row 4 tiles; Q6_K, whose parts keep two sums, half as many tiles or rows).
+//! Rows go in L2-sized pieces; threads (`team`: the caller and helpers that spin briefly
+//! between products; small products stay on the calling thread) take ranges of tile
+//! columns and write their sums straight into the output rows. A Q4_0 / Q4_1 / Q5_0 /
+//! Q5_1 matrix may also hold a wide copy, its quants a byte each (`blocks::wide`), which
+//! products of two rows or more read: the same values, so the same sums. The kernel is
+//! written once, generic over a 16-lane vector type (`simd`), and instantiated inside
+//! `#[target_feature]` functions chosen once per process at run time, so the default
+//! x86-64 build still gets wide vectors; everything below those functions must inline
+//! into them (see `simd`, "Inlining").
 //! (Explicit intrinsics rather than auto-vectorisation: LLVM vectorised the nibble
 //! unpacking across blocks instead of within one, several times slower, and did not keep
 //! the accumulators in registers.)
