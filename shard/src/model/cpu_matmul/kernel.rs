@@ -8,8 +8,10 @@ use super::input::Rows;
 use super::simd::{Avx2, Avx512};
 use super::simd::{Portable, Simd};
 use super::{Half, Out};
+use ahead::{Next, RowGroup};
 use dot::{dot, Packed};
 
+mod ahead;
 mod dot;
 mod unpacked;
 
@@ -69,7 +71,8 @@ const PIECE_ROWS: usize = 24;
 /// from L1 or L2, and the piece's rows from L2. A piece of many rows takes each tile
 /// column unpacked once (`unpacked`), a smaller one streams the tiles ([`sweep`]). The
 /// two are separate `#[target_feature]` functions: compiled as one, the single-row loop
-/// lost 7% (registers LLVM kept for the other path).
+/// lost 7% (registers LLVM kept for the other path). With several rows, either asks for
+/// the next tile columns from memory as it goes (`ahead`).
 pub(super) fn columns<T: Tile>(m: TileColumns<T>, x: Rows, out: &mut [&mut [Out]], isa: Isa) {
     let rows_per_piece = (PIECE_BYTES / (4 * m.k())).max(PIECE_ROWS) / PIECE_ROWS * PIECE_ROWS;
     for (p, out) in out.chunks_mut(rows_per_piece).enumerate() {
@@ -253,15 +256,21 @@ fn span<S: Simd, T: Tile, const R: usize, const C: usize>(
     out: &mut [&mut [Out]],
 ) -> usize {
     let groups = m.groups();
+    let row_groups = out.len() / R;
     let mut g = m.from;
     while g + C <= groups {
-        let group = m.group(g, C);
+        let (group, next) = (m.group(g, C), Next::after(m, g, C));
         for (i, out) in out.chunks_exact_mut(R).enumerate() {
             let mut rows: [(&[Half], &[f32]); R] = [(&[], &[]); R];
             for (r, row) in rows.iter_mut().enumerate() {
                 *row = x.row(i * R + r);
             }
-            let acc = dot::<S, T, _, R, C>(s, &Packed(group, m.nb), m.nb, &rows);
+            let who = RowGroup {
+                rows: R,
+                group: i,
+                groups: row_groups,
+            };
+            let acc = dot::<S, T, _, R, C>(s, &Packed(group, m.nb), &rows, next.share(who));
             for (row, acc) in out.iter_mut().zip(&acc) {
                 for (c, v) in acc.iter().enumerate() {
                     store(s, *v, row, (g + c) * TILE);

@@ -4,6 +4,7 @@ use super::super::blocks::{first_input, At, Factors, Tile};
 use super::super::input::half_sum;
 use super::super::simd::Simd;
 use super::super::{Half, LANES};
+use super::ahead::Ahead;
 
 /// Where [`dot`] takes a tile's factors and quants from: the tiles themselves, unpacked
 /// as it goes ([`Packed`]), or a buffer one tile column was unpacked into once
@@ -13,6 +14,8 @@ pub(super) trait Source<S: Simd, T: Tile> {
     type Block<'a>: Copy
     where
         Self: 'a;
+    /// Tiles per tile column.
+    fn nb(&self) -> usize;
     /// Tile `b` of the `c`-th tile column.
     fn block(&self, c: usize, b: usize) -> Self::Block<'_>;
     /// Part `p`'s factors.
@@ -30,6 +33,10 @@ impl<S: Simd, T: Tile> Source<S, T> for Packed<'_, T> {
     where
         Self: 'a;
     #[inline(always)]
+    fn nb(&self) -> usize {
+        self.1
+    }
+    #[inline(always)]
     fn block(&self, c: usize, b: usize) -> &T {
         &self.0[c * self.1 + b]
     }
@@ -43,8 +50,8 @@ impl<S: Simd, T: Tile> Source<S, T> for Packed<'_, T> {
     }
 }
 
-/// `R` rows (each in chunks of 16 inputs, with its run sums) against `C` tile columns of
-/// `nb` tiles (their factors and quants from `src`).
+/// `R` rows (each in chunks of 16 inputs, with its run sums) against `C` tile columns
+/// (their factors and quants from `src`), prefetching `ahead`'s tiles as it goes.
 ///
 /// The arithmetic of one output, and only this: an f32 accumulator `acc` starts at `0.0`.
 /// For each tile in order, for each part `p`: a sum per half of the part starts at `0.0`
@@ -60,8 +67,8 @@ impl<S: Simd, T: Tile> Source<S, T> for Packed<'_, T> {
 pub(super) fn dot<S: Simd, T: Tile, Src: Source<S, T>, const R: usize, const C: usize>(
     s: S,
     src: &Src,
-    nb: usize,
     rows: &[(&[Half], &[f32]); R],
+    mut ahead: Ahead<'_, T>,
 ) -> [[S::V; C]; R] {
     let chunks = T::INPUTS / LANES;
     // The outputs' accumulators, changed once per part. With several rows they do not
@@ -78,7 +85,8 @@ pub(super) fn dot<S: Simd, T: Tile, Src: Source<S, T>, const R: usize, const C: 
     } else {
         &mut acc_memory
     };
-    for b in 0..nb {
+    for b in 0..src.nb() {
+        ahead.step(b);
         let mut tb: [Src::Block<'_>; C] = [src.block(0, b); C];
         for (c, t) in tb.iter_mut().enumerate() {
             *t = src.block(c, b);

@@ -19,6 +19,7 @@ use super::super::blocks::{At, Factors, Tile, TileColumns, TILE};
 use super::super::input::Rows;
 use super::super::simd::{Bytes, Simd};
 use super::super::{Half, Out};
+use super::ahead::{Next, RowGroup};
 use super::dot::{dot, Source};
 use super::store;
 
@@ -74,17 +75,23 @@ impl<V: Copy> Unpacked<V> {
 }
 
 /// The buffer's tile columns from `first` on, as [`dot`]'s source: its `c`-th column is
-/// the buffer's `first + c`-th, the matrix's `buf.g + first + c`-th.
-struct Columns<'a, V> {
+/// the buffer's `first + c`-th, the matrix's `buf.g + first + c`-th. `next`: the tile
+/// columns the rows prefetch as they go.
+struct Columns<'a, V, T> {
     buf: &'a Unpacked<V>,
     first: usize,
+    next: Next<'a, T>,
 }
 
-impl<S: Simd, T: Tile> Source<S, T> for Columns<'_, S::V> {
+impl<S: Simd, T: Tile> Source<S, T> for Columns<'_, S::V, T> {
     type Block<'a>
         = (&'a [Bytes], &'a [Factors<S::V>])
     where
         Self: 'a;
+    #[inline(always)]
+    fn nb(&self) -> usize {
+        self.buf.nb
+    }
     #[inline(always)]
     fn block(&self, c: usize, b: usize) -> (&[Bytes], &[Factors<S::V>]) {
         let (pairs, parts) = (T::PARTS * T::PAIRS, T::PARTS);
@@ -124,6 +131,7 @@ pub(super) fn sweep<S: Simd, T: Tile, const R: usize, const C: usize, const R2: 
         let all = Columns {
             buf: &buf,
             first: 0,
+            next: Next::after(m, g, count),
         };
         let done = if count == C {
             rows::<S, T, R, C>(s, &all, x, out)
@@ -131,7 +139,11 @@ pub(super) fn sweep<S: Simd, T: Tile, const R: usize, const C: usize, const R2: 
             rows::<S, T, R, 1>(s, &all, x, out)
         };
         for first in 0..count {
-            let column = Columns { buf: &buf, first };
+            let column = Columns {
+                buf: &buf,
+                first,
+                next: Next::none(),
+            };
             let mut more = done;
             if 2 < R2 && R2 < R {
                 more += rows::<S, T, R2, 1>(s, &column, x.from(more), &mut out[more..]);
@@ -150,18 +162,24 @@ pub(super) fn sweep<S: Simd, T: Tile, const R: usize, const C: usize, const R2: 
 #[inline(always)]
 fn rows<S: Simd, T: Tile, const R: usize, const C: usize>(
     s: S,
-    src: &Columns<'_, S::V>,
+    src: &Columns<'_, S::V, T>,
     x: Rows,
     out: &mut [&mut [Out]],
 ) -> usize {
     let together = out.len() / R * R;
+    let groups = together / R;
     let g = src.buf.g + src.first;
     for (i, out) in out[..together].chunks_exact_mut(R).enumerate() {
         let mut rows: [(&[Half], &[f32]); R] = [(&[], &[]); R];
         for (r, row) in rows.iter_mut().enumerate() {
             *row = x.row(i * R + r);
         }
-        let acc = dot::<S, T, _, R, C>(s, src, src.buf.nb, &rows);
+        let who = RowGroup {
+            rows: R,
+            group: i,
+            groups,
+        };
+        let acc = dot::<S, T, _, R, C>(s, src, &rows, src.next.share(who));
         for (row, acc) in out.iter_mut().zip(&acc) {
             for (c, v) in acc.iter().enumerate() {
                 store(s, *v, row, (g + c) * TILE);
