@@ -14,8 +14,8 @@
 //! (SmolLM2's and Gemma 3's shapes): a 120 MB Q8_0 matrix 1.30–1.40× at 2 rows, 1.47–1.50×
 //! at 8, 1.27–1.29× at 16, 1.02–1.05× at 96. Matrices that stay in the L3 cache between
 //! calls (21–28 MB): Q4_1 and Q8_0 mostly 0.94–1.09× at 2–96 rows, Q4_K and Q6_K lose
-//! 13–15% at 2 rows and 0–3% at 16 and 96. The shard's decode, alternated with the build before: SmolLM2
-//! 1.06× at 1 stream and 1.13× at 4 and 16 (medians), Gemma 3 1.05–1.34×
+//! 13–15% at 2 rows and 0–3% at 16 and 96. The shard's decode, alternated with the build
+//! before: SmolLM2 1.06× at 1 stream and 1.13× at 4 and 16 (medians), Gemma 3 1.05–1.34×
 //! (`docs/PERFORMANCE.md`). A single row asks for nothing: its kernel streams at the
 //! memory's speed already, and prefetching cost it 18% on SmolLM2's output layer.
 //!
