@@ -8,8 +8,8 @@ use super::input::Rows;
 use super::simd::{Avx2, Avx512};
 use super::simd::{Portable, Simd};
 use super::{Half, Out};
-use ahead::{Next, RowGroup};
-use dot::{dot, Packed};
+use ahead::RowGroup;
+use dot::{dot, Packed, Source};
 
 mod ahead;
 mod dot;
@@ -255,31 +255,42 @@ fn span<S: Simd, T: Tile, const R: usize, const C: usize>(
     x: Rows,
     out: &mut [&mut [Out]],
 ) -> usize {
-    let groups = m.groups();
-    let row_groups = out.len() / R;
     let mut g = m.from;
-    while g + C <= groups {
-        let (group, next) = (m.group(g, C), Next::after(m, g, C));
-        for (i, out) in out.chunks_exact_mut(R).enumerate() {
-            let mut rows: [(&[Half], &[f32]); R] = [(&[], &[]); R];
-            for (r, row) in rows.iter_mut().enumerate() {
-                *row = x.row(i * R + r);
-            }
-            let who = RowGroup {
-                rows: R,
-                group: i,
-                groups: row_groups,
-            };
-            let acc = dot::<S, T, _, R, C>(s, &Packed(group, m.nb), &rows, next.share(who));
-            for (row, acc) in out.iter_mut().zip(&acc) {
-                for (c, v) in acc.iter().enumerate() {
-                    store(s, *v, row, (g + c) * TILE);
-                }
-            }
-        }
+    while g + C <= m.groups() {
+        row_groups::<S, T, _, R, C>(s, &Packed::at(m, g, C), x, out);
         g += C;
     }
     g
+}
+
+/// Every row group of `out` (`R` rows each; their count is a multiple of `R`) against
+/// the `C` tile columns of `src`, each output's sum stored in its row: the loop over row
+/// groups of both sources (the tiles streamed, or unpacked once).
+#[inline(always)]
+fn row_groups<S: Simd, T: Tile, Src: Source<S, T>, const R: usize, const C: usize>(
+    s: S,
+    src: &Src,
+    x: Rows,
+    out: &mut [&mut [Out]],
+) {
+    let groups = out.len() / R;
+    for (i, out) in out.chunks_exact_mut(R).enumerate() {
+        let mut rows: [(&[Half], &[f32]); R] = [(&[], &[]); R];
+        for (r, row) in rows.iter_mut().enumerate() {
+            *row = x.row(i * R + r);
+        }
+        let who = RowGroup {
+            rows: R,
+            group: i,
+            groups,
+        };
+        let acc = dot::<S, T, _, R, C>(s, src, &rows, who);
+        for (row, acc) in out.iter_mut().zip(&acc) {
+            for (c, v) in acc.iter().enumerate() {
+                store(s, *v, row, (src.column() + c) * TILE);
+            }
+        }
+    }
 }
 
 /// Writes the 16 sums `v` to `row[at..]`, as many as fit (the last tile of a matrix may

@@ -1,14 +1,15 @@
 //! The arithmetic of one output: [`dot`], and where it takes the weights from.
 
-use super::super::blocks::{first_input, At, Factors, Tile};
+use super::super::blocks::{first_input, At, Factors, Tile, TileColumns};
 use super::super::input::half_sum;
 use super::super::simd::Simd;
 use super::super::{Half, LANES};
-use super::ahead::Ahead;
+use super::ahead::{Next, RowGroup};
 
-/// Where [`dot`] takes a tile's factors and quants from: the tiles themselves, unpacked
-/// as it goes ([`Packed`]), or a buffer one tile column was unpacked into once
-/// (`unpacked`). Both give the same values, so the source changes speed only.
+/// Some tile columns of a matrix, as [`dot`] takes them: where it takes a tile's factors
+/// and quants from (the tiles themselves, unpacked as it goes, [`Packed`]; or a buffer
+/// the columns were unpacked into once, `unpacked`), which columns they are, and which
+/// come next. Both sources give the same values, so the source changes speed only.
 pub(super) trait Source<S: Simd, T: Tile> {
     /// One tile (or its unpacked values), found once per tile.
     type Block<'a>: Copy
@@ -16,6 +17,10 @@ pub(super) trait Source<S: Simd, T: Tile> {
         Self: 'a;
     /// Tiles per tile column.
     fn nb(&self) -> usize;
+    /// The matrix's index of the first of these tile columns.
+    fn column(&self) -> usize;
+    /// The tile columns to prefetch while these are worked on.
+    fn next(&self) -> Next<'_, T>;
     /// Tile `b` of the `c`-th tile column.
     fn block(&self, c: usize, b: usize) -> Self::Block<'_>;
     /// Part `p`'s factors.
@@ -24,8 +29,26 @@ pub(super) trait Source<S: Simd, T: Tile> {
     fn quants(s: S, block: Self::Block<'_>, at: At) -> [S::V; 2];
 }
 
-/// `C` tile columns' tiles (column after column, `nb` each), unpacked as [`dot`] goes.
-pub(super) struct Packed<'a, T>(pub &'a [T], pub usize);
+/// Tile columns' tiles (column after column, `nb` each), unpacked as [`dot`] goes.
+pub(super) struct Packed<'a, T> {
+    tiles: &'a [T],
+    nb: usize,
+    g: usize,
+    next: Next<'a, T>,
+}
+
+impl<'a, T: Tile> Packed<'a, T> {
+    /// The `count` tile columns of `m` from `g` on.
+    #[inline(always)]
+    pub fn at(m: TileColumns<'a, T>, g: usize, count: usize) -> Self {
+        Packed {
+            tiles: m.group(g, count),
+            nb: m.nb,
+            g,
+            next: Next::after(m, g, count),
+        }
+    }
+}
 
 impl<S: Simd, T: Tile> Source<S, T> for Packed<'_, T> {
     type Block<'a>
@@ -34,11 +57,19 @@ impl<S: Simd, T: Tile> Source<S, T> for Packed<'_, T> {
         Self: 'a;
     #[inline(always)]
     fn nb(&self) -> usize {
-        self.1
+        self.nb
+    }
+    #[inline(always)]
+    fn column(&self) -> usize {
+        self.g
+    }
+    #[inline(always)]
+    fn next(&self) -> Next<'_, T> {
+        self.next
     }
     #[inline(always)]
     fn block(&self, c: usize, b: usize) -> &T {
-        &self.0[c * self.1 + b]
+        &self.tiles[c * self.nb + b]
     }
     #[inline(always)]
     fn factors(s: S, block: &T, p: usize) -> Factors<S::V> {
@@ -51,7 +82,8 @@ impl<S: Simd, T: Tile> Source<S, T> for Packed<'_, T> {
 }
 
 /// `R` rows (each in chunks of 16 inputs, with its run sums) against `C` tile columns
-/// (their factors and quants from `src`), prefetching `ahead`'s tiles as it goes.
+/// (their factors and quants from `src`), prefetching row group `who`'s share of the
+/// columns after them as it goes (`ahead`).
 ///
 /// The arithmetic of one output, and only this: an f32 accumulator `acc` starts at `0.0`.
 /// For each tile in order, for each part `p`: a sum per half of the part starts at `0.0`
@@ -68,9 +100,10 @@ pub(super) fn dot<S: Simd, T: Tile, Src: Source<S, T>, const R: usize, const C: 
     s: S,
     src: &Src,
     rows: &[(&[Half], &[f32]); R],
-    mut ahead: Ahead<'_, T>,
+    who: RowGroup,
 ) -> [[S::V; C]; R] {
     let chunks = T::INPUTS / LANES;
+    let mut ahead = src.next().share(who);
     // The outputs' accumulators, changed once per part. With several rows they do not
     // fit in registers beside the sums, and where a part ends in more than one
     // multiply-add per accumulator (an offset, a split) LLVM, keeping them as values,

@@ -18,10 +18,10 @@
 use super::super::blocks::{At, Factors, Tile, TileColumns, TILE};
 use super::super::input::Rows;
 use super::super::simd::{Bytes, Simd};
-use super::super::{Half, Out};
-use super::ahead::{Next, RowGroup};
-use super::dot::{dot, Source};
-use super::store;
+use super::super::Out;
+use super::ahead::Next;
+use super::dot::Source;
+use super::row_groups;
 
 /// Rows of a piece from which the buffer pays: below, the streaming kernel's groups of
 /// rows share the unpacking well enough. Speed only.
@@ -91,6 +91,14 @@ impl<S: Simd, T: Tile> Source<S, T> for Columns<'_, S::V, T> {
     #[inline(always)]
     fn nb(&self) -> usize {
         self.buf.nb
+    }
+    #[inline(always)]
+    fn column(&self) -> usize {
+        self.buf.g + self.first
+    }
+    #[inline(always)]
+    fn next(&self) -> Next<'_, T> {
+        self.next
     }
     #[inline(always)]
     fn block(&self, c: usize, b: usize) -> (&[Bytes], &[Factors<S::V>]) {
@@ -167,24 +175,6 @@ fn rows<S: Simd, T: Tile, const R: usize, const C: usize>(
     out: &mut [&mut [Out]],
 ) -> usize {
     let together = out.len() / R * R;
-    let groups = together / R;
-    let g = src.buf.g + src.first;
-    for (i, out) in out[..together].chunks_exact_mut(R).enumerate() {
-        let mut rows: [(&[Half], &[f32]); R] = [(&[], &[]); R];
-        for (r, row) in rows.iter_mut().enumerate() {
-            *row = x.row(i * R + r);
-        }
-        let who = RowGroup {
-            rows: R,
-            group: i,
-            groups,
-        };
-        let acc = dot::<S, T, _, R, C>(s, src, &rows, src.next.share(who));
-        for (row, acc) in out.iter_mut().zip(&acc) {
-            for (c, v) in acc.iter().enumerate() {
-                store(s, *v, row, (g + c) * TILE);
-            }
-        }
-    }
+    row_groups::<S, T, _, R, C>(s, src, x, &mut out[..together]);
     together
 }
