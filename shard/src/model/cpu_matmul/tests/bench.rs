@@ -112,3 +112,81 @@ fn bench() {
         }
     }
 }
+
+/// SmolLM2-135M's decode-step products (Q4_1 with its wide copy, 30 layers; q, k and v as
+/// one job, gate and up as one) over 30 distinct layers, so that every step reads its
+/// weights from memory as the shard's does, against one layer 30 times, whose weights
+/// stay in cache. `SONDE_BENCH_ROWS` picks the rows (default 1, 4, 16, 96), and
+/// `RAYON_NUM_THREADS` the threads (the team's size follows it). Prints each's best time
+/// and the median ratio of 9 alternations (memory over cache), with its range.
+#[test]
+#[ignore]
+fn step_from_memory() {
+    const LAYERS: usize = 30;
+    // (k, n): q, k, v, o, gate, up, down.
+    const SHAPES: [(usize, usize); 7] = [
+        (576, 576),
+        (576, 192),
+        (576, 192),
+        (576, 576),
+        (576, 1536),
+        (576, 1536),
+        (1536, 576),
+    ];
+    let rows: Vec<usize> = std::env::var("SONDE_BENCH_ROWS")
+        .unwrap_or_else(|_| "1,4,16,96".into())
+        .split(',')
+        .map(|r| r.trim().parse().unwrap())
+        .collect();
+    let layers: Vec<Vec<CpuQuantMatrix>> = (0..LAYERS as u64)
+        .map(|seed| {
+            SHAPES
+                .iter()
+                .map(|&(k, n)| {
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                    let w = random(&mut rng, n * k);
+                    let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+                    let q = QTensor::quantize(&t, GgmlDType::Q4_1).unwrap();
+                    let mut m = CpuQuantMatrix::from_qtensor(&q).unwrap();
+                    m.add_wide_copy();
+                    m
+                })
+                .collect()
+        })
+        .collect();
+    let macs: usize = SHAPES.iter().map(|(k, n)| k * n).sum();
+    for m in rows {
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        let x = Tensor::from_vec(random(&mut rng, m * 576), (m, 576), &Device::Cpu).unwrap();
+        let h = Tensor::from_vec(random(&mut rng, m * 1536), (m, 1536), &Device::Cpu).unwrap();
+        let step = |ls: &[&Vec<CpuQuantMatrix>]| {
+            for l in ls {
+                drop(CpuQuantMatrix::forward_same(&[&l[0], &l[1], &l[2]], &x).unwrap());
+                drop(l[3].forward(&x).unwrap());
+                drop(CpuQuantMatrix::forward_same(&[&l[4], &l[5]], &x).unwrap());
+                drop(l[6].forward(&h).unwrap());
+            }
+        };
+        let memory: Vec<&Vec<CpuQuantMatrix>> = layers.iter().collect();
+        let cache: Vec<&Vec<CpuQuantMatrix>> = (0..LAYERS).map(|_| &layers[0]).collect();
+        let (mut best_memory, mut best_cache, mut ratios) = (f64::INFINITY, f64::INFINITY, vec![]);
+        for _ in 0..9 {
+            let a = time(Duration::from_millis(200), || step(&memory));
+            let b = time(Duration::from_millis(200), || step(&cache));
+            (best_memory, best_cache) = (best_memory.min(a), best_cache.min(b));
+            ratios.push(a / b);
+        }
+        ratios.sort_by(f64::total_cmp);
+        let flops = 2.0 * (LAYERS * macs * m) as f64;
+        println!(
+            "STEP m={m:2}: from memory {:6.1} GFLOP/s {:7.0} µs, from cache {:6.1} GFLOP/s {:7.0} µs, ratio {:.2} ({:.2}-{:.2})",
+            flops / best_memory / 1e9,
+            best_memory * 1e6,
+            flops / best_cache / 1e9,
+            best_cache * 1e6,
+            ratios[4],
+            ratios[0],
+            ratios[8],
+        );
+    }
+}
