@@ -16,7 +16,7 @@
 //! calls (21–28 MB): Q4_1 and Q8_0 mostly 0.94–1.09× at 2–96 rows, Q4_K and Q6_K lose
 //! 13–15% at 2 rows and 0–3% at 16 and 96. The shard's decode, alternated with the build
 //! before: SmolLM2 1.06× at 1 stream and 1.13× at 4 and 16 (medians), Gemma 3 1.05–1.34×
-//! (`docs/PERFORMANCE.md`). A single row asks for nothing: its kernel streams at the
+//! (`docs/performance-log.md`). A single row asks for nothing: its kernel streams at the
 //! memory's speed already, and prefetching cost it 18% on SmolLM2's output layer.
 //!
 //! Speed only: a prefetch reads nothing into the computation.
