@@ -167,7 +167,7 @@ fn safetensors_scores_are_batch_invariant() {
     check_model(&hf_f32_path(), true);
 }
 
-/// The wide copy of the Q4/Q5 matrices (read by every product of two rows or more, see
+/// The wide copy of the Q4/Q5 matrices (read by every product of 10 rows or more, see
 /// docs/shard.md, "Weights") changes no bit: a batch of 32 with every score on, on an
 /// engine with it and on one without.
 #[test]

@@ -62,7 +62,7 @@
 //! between products; small products stay on the calling thread) take ranges of tile
 //! columns and write their sums straight into the output rows. A Q4_0 / Q4_1 / Q5_0 /
 //! Q5_1 matrix may also hold a wide copy, its quants a byte each (`blocks::wide`), which
-//! products of two rows or more read: the same values, so the same sums. The kernel is
+//! products of [`WIDE_MIN_ROWS`] rows or more read: the same values, so the same sums. The kernel is
 //! written once, generic over a 16-lane vector type (`simd`), and instantiated inside
 //! `#[target_feature]` functions chosen once per process at run time, so the default
 //! x86-64 build still gets wide vectors; everything below those functions must inline
@@ -97,9 +97,10 @@ const TASKS_PER_THREAD: usize = 4;
 /// Columns per task are a multiple of this (two tiles, the group a batch takes at a
 /// time), so tiles are only padded at the very end of the matrix. Speed only.
 const COL_ALIGN: usize = 2 * TILE;
-/// Products of at least this many rows read a matrix's wide copy, where it has one: at
-/// one row the packed tiles' fewer bytes win (see `blocks::wide`). Speed only.
-const WIDE_MIN_ROWS: usize = 2;
+/// Products of at least this many rows read a matrix's wide copy, where it has one: below,
+/// the packed tiles' fewer bytes win, since a decode step reads its weights from memory
+/// (see `blocks::wide`). Speed only.
+const WIDE_MIN_ROWS: usize = 10;
 
 /// One vector's worth of f32: a lane per column of a tile.
 type Half = [f32; LANES];

@@ -317,9 +317,10 @@ fn a_row_is_bitwise_the_same_alone_or_in_any_batch() {
 }
 
 /// The wide copy of the 4- and 5-bit formats (`blocks::wide`), on blocks of random bytes
-/// (every quant, negative and zero scales): products of two rows or more read it, and
-/// each row's outputs are the bits of that row alone (read from the packed tiles), on
-/// every kernel variant; built from the raw blocks, its weights are candle's too.
+/// (every quant, negative and zero scales): products of `WIDE_MIN_ROWS` rows or more read
+/// it (these row counts take every group size of the kernels' sweeps), and each row's
+/// outputs are the bits of that row alone (read from the packed tiles), on every kernel
+/// variant; built from the raw blocks, its weights are candle's too.
 #[test]
 fn the_wide_copy_gives_the_packed_tiles_bits() {
     use blocks::{tiles, Tile, TileColumns, Wide, Q4_0, Q4_1, Q5_0, Q5_1};
@@ -341,7 +342,8 @@ fn the_wide_copy_gives_the_packed_tiles_bits() {
         wide.add_wide_copy();
         assert_eq!(wide.wide_copy_bytes(), 0, "{dtype:?}: one copy");
         let mut rng = ChaCha8Rng::seed_from_u64(7);
-        for m in [2, 3, 6, 16, 40] {
+        for m in [10, 13, 14, 15, 16, 40] {
+            assert!(m >= WIDE_MIN_ROWS);
             let x = random(&mut rng, m * k);
             for isa in isas() {
                 let batch = wide.matmul(&x, isa, None);

@@ -5,9 +5,12 @@
 //! every group of rows; a byte widens with one instruction per 8 lanes (Q8_0's quants
 //! do), which the ports beside the FMAs' have room for. On one thread at 4 rows, Q4_1 ran
 //! 54 GFLOP/s from its packed tiles and 74 from these; at 16 rows 67 and 76
-//! (`cpu_matmul::tests::bench`). At one row a decode step is bound by streaming the
-//! weights from memory, and these are 1.8 times the bytes of Q4_1's, so single rows keep
-//! the packed tiles.
+//! (`cpu_matmul::tests::bench`, AVX2, the matrices in cache). But a decode step reads
+//! its weights from memory, and these are 1.8 times the bytes of Q4_1's: with SmolLM2's
+//! layers from memory (`tests::bench::step_from_memory`, AVX-512, one thread), the wide
+//! copy took 1.20x the packed tiles' time at 2 rows, 1.18x at 4, 1.07x at 8, 0.99x at 10
+//! and 0.82x at 12 (two threads: 1.26x at 2, 1.19x at 4, 1.07x at 8, 0.96x at 16). So
+//! products of fewer than `WIDE_MIN_ROWS` (10) keep the packed tiles.
 //!
 //! The quants and factors are the packed format's, copied exactly (every quant of these
 //! formats is within -16..=31, every factor an f16), and [`Tile::weights`] and `dot` use
