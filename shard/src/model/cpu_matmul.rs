@@ -62,11 +62,11 @@
 //! between products; small products stay on the calling thread) take ranges of tile
 //! columns and write their sums straight into the output rows. A Q4_0 / Q4_1 / Q5_0 /
 //! Q5_1 matrix may also hold a wide copy, its quants a byte each (`blocks::wide`), which
-//! products of [`WIDE_MIN_ROWS`] rows or more read: the same values, so the same sums. The kernel is
-//! written once, generic over a 16-lane vector type (`simd`), and instantiated inside
-//! `#[target_feature]` functions chosen once per process at run time, so the default
-//! x86-64 build still gets wide vectors; everything below those functions must inline
-//! into them (see `simd`, "Inlining").
+//! products of [`WIDE_MIN_ROWS`] rows or more read: the same values, so the same sums.
+//! The kernel is written once, generic over a 16-lane vector type (`simd`), and
+//! instantiated inside `#[target_feature]` functions chosen once per process at run time,
+//! so the default x86-64 build still gets wide vectors; everything below those functions
+//! must inline into them (see `simd`, "Inlining").
 //! (Explicit intrinsics rather than auto-vectorisation: LLVM vectorised the nibble
 //! unpacking across blocks instead of within one, several times slower, and did not keep
 //! the accumulators in registers.)

@@ -32,6 +32,15 @@ fn quantized(dtype: GgmlDType, n: usize, k: usize) -> QTensor {
     QTensor::quantize(&t, dtype).unwrap()
 }
 
+/// The row counts `SONDE_BENCH_ROWS` names (comma-separated), else `default`'s.
+fn bench_rows(default: &str) -> Vec<usize> {
+    std::env::var("SONDE_BENCH_ROWS")
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .map(|r| r.trim().parse().unwrap())
+        .collect()
+}
+
 /// `RAYON_NUM_THREADS=T cargo test -p sonde-shard --release --lib cpu_matmul::tests::bench
 /// -- --ignored --nocapture`, for T = 1 and 2 (candle's pool reads the same variable, once
 /// per process). `SONDE_BENCH_FORMATS=q4_k,q6_k` picks formats, `SONDE_BENCH_ROWS=1,2,4`
@@ -51,11 +60,7 @@ fn bench() {
         isa()
     );
     let wanted = std::env::var("SONDE_BENCH_FORMATS").unwrap_or_default();
-    let rows: Vec<usize> = std::env::var("SONDE_BENCH_ROWS")
-        .unwrap_or_else(|_| "1,16".into())
-        .split(',')
-        .map(|r| r.trim().parse().unwrap())
-        .collect();
+    let rows = bench_rows("1,16");
     let with_candle = std::env::var("SONDE_BENCH_CANDLE").map_or(true, |v| v != "0");
     let wide = std::env::var("SONDE_BENCH_WIDE").is_ok_and(|v| v == "1");
     let mut cases: Vec<(GgmlDType, usize, usize, &[usize])> = Vec::new();
@@ -133,20 +138,15 @@ fn step_from_memory() {
         (576, 1536),
         (1536, 576),
     ];
-    let rows: Vec<usize> = std::env::var("SONDE_BENCH_ROWS")
-        .unwrap_or_else(|_| "1,4,16,96".into())
-        .split(',')
-        .map(|r| r.trim().parse().unwrap())
-        .collect();
-    let layers: Vec<Vec<CpuQuantMatrix>> = (0..LAYERS as u64)
-        .map(|seed| {
+    let rows = bench_rows("1,4,16,96");
+    // The layers hold the same values (`quantized` is seeded) at distinct addresses, which
+    // is all that decides whether a step finds them in cache.
+    let layers: Vec<Vec<CpuQuantMatrix>> = (0..LAYERS)
+        .map(|_| {
             SHAPES
                 .iter()
                 .map(|&(k, n)| {
-                    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-                    let w = random(&mut rng, n * k);
-                    let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
-                    let q = QTensor::quantize(&t, GgmlDType::Q4_1).unwrap();
+                    let q = quantized(GgmlDType::Q4_1, n, k);
                     let mut m = CpuQuantMatrix::from_qtensor(&q).unwrap();
                     m.add_wide_copy();
                     m
