@@ -48,10 +48,11 @@ pub struct LauncherArgs {
     #[arg(long, env = "DTYPE", value_enum, default_value_t = WeightQuant::Keep)]
     pub dtype: WeightQuant,
     /// MiB of memory the CPU kernel may spend on a second copy of the Q4_0, Q4_1, Q5_0 and
-    /// Q5_1 matrices with a byte per quant (about 1.1 bytes a weight), which batches,
-    /// prefills and speculative drafts read faster than the packed nibbles; single-stream
-    /// decoding keeps reading the packed copy. Matrices get one in load order while the
-    /// memory lasts; 0 turns it off. Scores are the same bits either way.
+    /// Q5_1 matrices with a byte per quant (about 1.1 bytes a weight), which batches of 10
+    /// rows or more and prefills read faster than the packed nibbles; smaller batches and
+    /// single streams (with their speculative drafts) keep reading the packed copy, the
+    /// fewer bytes from memory. Matrices get one in load order while the memory lasts; 0
+    /// turns it off. Scores are the same bits either way.
     #[arg(long, env = "WIDE_QUANTS_MIB", default_value_t = 1024)]
     pub wide_quants_mib: usize,
     /// Where the model runs (`cuda` needs a build with `--features cuda`).

@@ -44,7 +44,7 @@ struct Args {
     #[arg(long, value_enum, default_value_t = WeightQuant::Keep)]
     gguf_quant: WeightQuant,
     /// MiB of memory for wide copies of the Q4_0/Q4_1/Q5_0/Q5_1 matrices (a byte per
-    /// quant), which batches and prefills read faster; 0: none.
+    /// quant), which batches of 10 rows or more and prefills read faster; 0: none.
     #[arg(long, default_value_t = loader::DEFAULT_WIDE_QUANTS_MIB)]
     wide_quants_mib: usize,
     /// Where the model runs.
