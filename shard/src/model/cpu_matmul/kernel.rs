@@ -3,16 +3,17 @@
 use std::sync::OnceLock;
 
 use super::blocks::{self, Tile, TileColumns, TILE};
-use super::input::Rows;
+use super::input::{Lanes, Rows};
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Avx2, Avx512};
 use super::simd::{Portable, Simd};
-use super::{Half, Out};
+use super::{Half, Out, LANES};
 use ahead::RowGroup;
 use dot::{dot, Packed, Source};
 
 mod ahead;
 mod dot;
+mod lanes;
 mod unpacked;
 
 /// Bytes of activation rows swept over one group of tiles before the next group: they
@@ -59,6 +60,26 @@ pub(super) fn isa() -> Isa {
     })
 }
 
+/// The last group of rows the lanes kernel takes (`lanes`) may hold this many rows or
+/// more of its 16 (the rest of its lanes computed for nothing; SmolLM2's decode-step
+/// products from memory, two threads, against the other kernels: 0.85x at 12 rows, 1.06x
+/// at 14, 1.07x at 16). Speed only.
+const LANES_MIN_ROWS: usize = 14;
+
+/// Rows of a product of `m` rows that the lanes kernel takes (`lanes`), the first ones: on
+/// AVX-512, whole groups of 16 and a last group of [`LANES_MIN_ROWS`] or more. AVX2 (16
+/// registers: 4 columns' sums per activation loaded) and the portable kernel were not
+/// measured with it and keep theirs; the tests run it on every variant. Speed only.
+pub(super) fn rows_in_lanes(isa: Isa, m: usize) -> usize {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512(_) if m % LANES >= LANES_MIN_ROWS => m,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512(_) => m / LANES * LANES,
+        _ => 0,
+    }
+}
+
 /// Rows per piece are a multiple of this: of every kernel's row groups (8, 6, 4).
 const PIECE_ROWS: usize = 24;
 
@@ -66,14 +87,21 @@ const PIECE_ROWS: usize = 24;
 /// row, one sum per column (the last tile may cover fewer columns than 16), with the
 /// kernel for `isa`.
 ///
-/// The rows go in pieces of about [`PIECE_BYTES`]; each piece is swept over every group
-/// of tiles in turn, so a group's weights are read from memory once per piece and then
-/// from L1 or L2, and the piece's rows from L2. A piece of many rows takes each tile
-/// column unpacked once (`unpacked`), a smaller one streams the tiles ([`sweep`]). The
-/// two are separate `#[target_feature]` functions: compiled as one, the single-row loop
-/// lost 7% (registers LLVM kept for the other path). With several rows, either asks for
-/// the next tile columns from memory as it goes (`ahead`).
+/// The first rows, those the product put in lanes ([`rows_in_lanes`]), go to the kernel
+/// that puts rows in the vector lanes (`lanes`). The others go in pieces of about
+/// [`PIECE_BYTES`]; each piece is swept over every group of tiles in turn, so a group's
+/// weights are read from memory once per piece and then from L1 or L2, and the piece's
+/// rows from L2. A piece of many rows takes each tile column unpacked once (`unpacked`), a
+/// smaller one streams the tiles ([`sweep`]). The two are separate `#[target_feature]`
+/// functions: compiled as one, the single-row loop lost 7% (registers LLVM kept for the
+/// other path). With several rows, either asks for the next tile columns from memory as
+/// it goes (`ahead`).
 pub(super) fn columns<T: Tile>(m: TileColumns<T>, x: Rows, out: &mut [&mut [Out]], isa: Isa) {
+    let in_lanes = x.lanes.rows.min(out.len());
+    if in_lanes > 0 {
+        lanes_columns(m, x.lanes, &mut out[..in_lanes], isa);
+    }
+    let (x, out) = (x.from(in_lanes), &mut out[in_lanes..]);
     let rows_per_piece = (PIECE_BYTES / (4 * m.k())).max(PIECE_ROWS) / PIECE_ROWS * PIECE_ROWS;
     for (p, out) in out.chunks_mut(rows_per_piece).enumerate() {
         let x = x.from(p * rows_per_piece);
@@ -95,6 +123,22 @@ pub(super) fn columns<T: Tile>(m: TileColumns<T>, x: Rows, out: &mut [&mut [Out]
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512(t) => unsafe { stream_avx512(t, m, x, out) },
         }
+    }
+}
+
+/// The rows `x`, in lanes, against the tile columns of `m` into `out` (a row each), with
+/// the lanes kernel for `isa`.
+fn lanes_columns<T: Tile>(m: TileColumns<T>, x: Lanes, out: &mut [&mut [Out]], isa: Isa) {
+    match isa {
+        Isa::Portable if T::SPLIT => lanes::sweep::<_, T, 8>(Portable, m, x, out),
+        Isa::Portable => lanes::sweep::<_, T, 16>(Portable, m, x, out),
+        // SAFETY: the token `t` exists only if the CPU has the features these functions
+        // enable (see `simd`).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2(t) => unsafe { lanes_avx2(t, m, x, out) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512(t) => unsafe { lanes_avx512(t, m, x, out) },
     }
 }
 
@@ -158,6 +202,28 @@ fn unpacked_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Rows, out: &mut [&m
         unpacked::sweep::<_, T, 8, 1, 4>(t, m, x, out)
     } else {
         unpacked::sweep::<_, T, 8, 2, 4>(t, m, x, out)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lanes_avx2<T: Tile>(t: Avx2, m: TileColumns<T>, x: Lanes, out: &mut [&mut [Out]]) {
+    // A vector is 2 ymm: 4 columns' sums take 8 of the 16 registers (with a split, 2).
+    if T::SPLIT {
+        lanes::sweep::<_, T, 2>(t, m, x, out)
+    } else {
+        lanes::sweep::<_, T, 4>(t, m, x, out)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn lanes_avx512<T: Tile>(t: Avx512, m: TileColumns<T>, x: Lanes, out: &mut [&mut [Out]]) {
+    // 16 columns' sums in 16 of the 32 registers (with a split, 8 columns' two each).
+    if T::SPLIT {
+        lanes::sweep::<_, T, 8>(t, m, x, out)
+    } else {
+        lanes::sweep::<_, T, 16>(t, m, x, out)
     }
 }
 

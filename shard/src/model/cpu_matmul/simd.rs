@@ -44,6 +44,13 @@ pub(super) trait Simd: Copy + Send + Sync {
     /// `a * b + c`, rounded once.
     fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    fn add(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `sums[c] = fma(x, splat(q[c]), sums[c])` for each `c < C` (`q.len() >= C`): the
+    /// step of the kernel that puts rows in lanes.
+    #[inline(always)]
+    fn mul_add_each<const C: usize>(self, x: Self::V, q: &[f32], sums: &mut [Self::V; C]) {
+        mul_add_each(self, x, q, sums)
+    }
     /// The low nibbles of `q` (lanes 0..16) and the high nibbles, as f32 in 0..=15.
     fn nibbles(self, q: &[u8; 16]) -> [Self::V; 2];
     /// `q` read as i8: bytes 0..16 and 16..32, as f32.
@@ -78,6 +85,14 @@ pub(super) trait Simd: Copy + Send + Sync {
     fn widen_signed(self, b: Self::B) -> [Self::V; 2];
 }
 
+/// [`Simd::mul_add_each`] with the trait's other methods.
+#[inline(always)]
+fn mul_add_each<S: Simd, const C: usize>(s: S, x: S::V, q: &[f32], sums: &mut [S::V; C]) {
+    for (sum, &q) in sums.iter_mut().zip(q) {
+        *sum = s.mul_add(x, s.splat(q), *sum);
+    }
+}
+
 /// Plain Rust, for any CPU. On x86 without FMA `f32::mul_add` is a (slow, correctly
 /// rounded) libm call: the price of the same bits everywhere.
 #[derive(Clone, Copy)]
@@ -109,6 +124,10 @@ impl Simd for Portable {
     #[inline(always)]
     fn mul(self, a: Half, b: Half) -> Half {
         std::array::from_fn(|l| a[l] * b[l])
+    }
+    #[inline(always)]
+    fn add(self, a: Half, b: Half) -> Half {
+        std::array::from_fn(|l| a[l] + b[l])
     }
     #[inline(always)]
     fn nibbles(self, q: &[u8; 16]) -> [Half; 2] {

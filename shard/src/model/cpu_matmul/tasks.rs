@@ -4,8 +4,8 @@
 
 use super::blocks::{Tile, TileColumns, TILE};
 use super::formats::Tiles;
-use super::input::{run_sums, Rows};
-use super::kernel::{columns, Isa};
+use super::input::{run_sums, LaneRows, Rows};
+use super::kernel::{columns, rows_in_lanes, Isa};
 use super::{CpuQuantMatrix, Out, COL_ALIGN, MIN_TASK_MACS, TASKS_PER_THREAD, WIDE_MIN_ROWS};
 use crate::team::Team;
 
@@ -14,7 +14,17 @@ impl CpuQuantMatrix {
     /// split (tests use it to show the split changes nothing).
     #[cfg(test)]
     pub(super) fn matmul(&self, x: &[f32], isa: Isa, cols_per_task: Option<usize>) -> Vec<f32> {
-        products(&[self], x, isa, cols_per_task).concat()
+        let split = Split {
+            cols: cols_per_task,
+            ..Split::default()
+        };
+        self.matmul_split(x, isa, split)
+    }
+
+    /// As [`CpuQuantMatrix::matmul`], the work split as `split` says.
+    #[cfg(test)]
+    pub(super) fn matmul_split(&self, x: &[f32], isa: Isa, split: Split) -> Vec<f32> {
+        products(&[self], x, isa, split).concat()
     }
 
     /// Splits this product of `m` rows into column tasks over `out` (`m` rows of `n`):
@@ -61,14 +71,20 @@ impl CpuQuantMatrix {
     }
 }
 
+/// How a product's work is split, where the tests pin it (to show that it changes no
+/// output); by default, as fast as it goes.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Split {
+    /// Columns per task.
+    pub cols: Option<usize>,
+    /// Rows for the kernel that puts rows in lanes (`kernel::rows_in_lanes`), from the
+    /// first; more than the product has means all.
+    pub in_lanes: Option<usize>,
+}
+
 /// `x @ W^T` for each matrix of `ms` (all with the same `k`), their column tasks run as
 /// one job.
-pub(super) fn products(
-    ms: &[&CpuQuantMatrix],
-    x: &[f32],
-    isa: Isa,
-    cols: Option<usize>,
-) -> Vec<Vec<f32>> {
+pub(super) fn products(ms: &[&CpuQuantMatrix], x: &[f32], isa: Isa, split: Split) -> Vec<Vec<f32>> {
     let k = ms.first().map_or(1, |mat| mat.k.max(1));
     let m = x.len() / k;
     if m == 0 {
@@ -84,12 +100,22 @@ pub(super) fn products(
     } else {
         Vec::new()
     };
-    let rows = Rows { x, sums: &sums, k };
+    let in_lanes = split
+        .in_lanes
+        .unwrap_or_else(|| rows_in_lanes(isa, m))
+        .min(m);
+    let lanes = LaneRows::new(x, &sums, k, in_lanes);
+    let rows = Rows {
+        x,
+        sums: &sums,
+        k,
+        lanes: lanes.lanes(),
+    };
     let pieces: Vec<Piece> = ms
         .iter()
         .zip(outs.iter_mut())
         .filter(|(mat, _)| mat.n > 0)
-        .flat_map(|(mat, out)| mat.tasks(out, m, cols))
+        .flat_map(|(mat, out)| mat.tasks(out, m, split.cols))
         .collect();
     run_pieces(rows, pieces, isa);
     outs.into_iter()

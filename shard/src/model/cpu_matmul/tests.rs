@@ -2,6 +2,7 @@ use super::*;
 use kernel::Isa;
 #[cfg(target_arch = "x86_64")]
 use simd::{Avx2, Avx512};
+use tasks::Split;
 
 use std::borrow::Cow;
 
@@ -311,6 +312,58 @@ fn a_row_is_bitwise_the_same_alone_or_in_any_batch() {
                     .to_vec1::<f32>()
                     .unwrap();
                 assert_eq!(bits(&y), bits(&alone), "{dtype:?} forward m={m} pos={pos}");
+            }
+        }
+    }
+}
+
+/// The kernel that puts rows in the vector lanes (`kernel::lanes`; AVX-512 gives it the
+/// groups of 16 rows), made to take the first rows of a product, whole groups or not, on
+/// every kernel variant, for every format, from the packed tiles and the wide copy: each
+/// row's outputs are its bits alone, and so are those of the rows the other kernels take
+/// after it.
+#[test]
+fn the_lanes_kernel_gives_each_row_its_bits_alone() {
+    let (n, k) = (37, 512); // n not a multiple of 16: the last tile stands past it
+    for (f, dtype) in FORMATS.into_iter().enumerate() {
+        let (_, packed, _) = matrix(dtype, n, k, 40 + f as u64);
+        let mut wide = packed.clone();
+        wide.add_wide_copy();
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for m in [1, 5, 16, 17, 33] {
+            let x = random(&mut rng, m * k);
+            for isa in isas() {
+                let alone: Vec<Vec<f32>> = x
+                    .chunks_exact(k)
+                    .map(|row| {
+                        packed.matmul_split(
+                            row,
+                            isa,
+                            Split {
+                                in_lanes: Some(0),
+                                ..Split::default()
+                            },
+                        )
+                    })
+                    .collect();
+                for in_lanes in [m, m / 2, 16] {
+                    for (which, mat) in [("packed", &packed), ("wide", &wide)] {
+                        for cols in [None, Some(16)] {
+                            let split = Split {
+                                cols,
+                                in_lanes: Some(in_lanes),
+                            };
+                            let y = mat.matmul_split(&x, isa, split);
+                            for (r, alone) in alone.iter().enumerate() {
+                                assert_same_bits(
+                                    &y[r * n..(r + 1) * n],
+                                    alone,
+                                    &format!("{dtype:?} {which} m={m} in lanes {in_lanes} row {r} {isa:?} cols={cols:?}"),
+                                );
+                            }
+                        }
+                    }
+                }
             }
         }
     }

@@ -94,7 +94,7 @@ impl<T: Tile> Ahead<'_, T> {
 
 /// Asks for every cache line of `t` to be brought into L1.
 #[inline(always)]
-fn prefetch<T>(t: &T) {
+pub(super) fn prefetch<T>(t: &T) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};

@@ -104,6 +104,10 @@ impl Simd for Avx2 {
         unsafe { [_mm256_mul_ps(a[0], b[0]), _mm256_mul_ps(a[1], b[1])] }
     }
     #[inline(always)]
+    fn add(self, a: Self::V, b: Self::V) -> Self::V {
+        unsafe { [_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1])] }
+    }
+    #[inline(always)]
     fn nibbles(self, q: &[u8; 16]) -> [Self::V; 2] {
         unsafe {
             let v = _mm_loadu_si128(q.as_ptr().cast());
@@ -292,6 +296,24 @@ impl Simd for Avx512 {
         unsafe { _mm512_mul_ps(a, b) }
     }
     #[inline(always)]
+    fn add(self, a: Self::V, b: Self::V) -> Self::V {
+        unsafe { _mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    fn mul_add_each<const C: usize>(self, x: __m512, q: &[f32], sums: &mut [__m512; C]) {
+        if (C != 8 && C != 16) || q.len() < C {
+            return super::mul_add_each(self, x, q, sums);
+        }
+        let (sums, q) = (sums.as_mut_ptr(), q.as_ptr());
+        // SAFETY: `sums` holds `C` vectors (8 or 16) and `q` at least `C` f32.
+        unsafe {
+            mul_add_8(&mut *sums.cast(), x, q);
+            if C == 16 {
+                mul_add_8(&mut *sums.add(8).cast(), x, q.add(8));
+            }
+        }
+    }
+    #[inline(always)]
     fn nibbles(self, q: &[u8; 16]) -> [Self::V; 2] {
         unsafe {
             let v = _mm_loadu_si128(q.as_ptr().cast());
@@ -379,5 +401,43 @@ impl Simd for Avx512 {
                 self.i8x16(_mm256_extracti128_si256::<1>(b)),
             ]
         }
+    }
+}
+
+/// `sums[c] = fma(x, splat(q[c]), sums[c])` for `c < 8`, each quant a broadcast operand of
+/// its multiply-add at `q + 4c`: base plus displacement. Written with intrinsics, the same
+/// loop came out of LLVM with every broadcast indexed by a register shared with the loop's
+/// other arrays, and such an instruction is split in two on issue: in a C test of the
+/// loop, 82–85 GFLOP/s on one thread against 124–135 with displacements.
+///
+/// # Safety
+///
+/// AVX-512F must be available, and `q` valid for reading 8 f32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn mul_add_8(s: &mut [__m512; 8], x: __m512, q: *const f32) {
+    // SAFETY: the caller's; the instructions read `q[0..8]` and nothing else.
+    unsafe {
+        std::arch::asm!(
+            "vfmadd231ps {s0}, {x}, dword ptr [{q}]{{1to16}}",
+            "vfmadd231ps {s1}, {x}, dword ptr [{q} + 4]{{1to16}}",
+            "vfmadd231ps {s2}, {x}, dword ptr [{q} + 8]{{1to16}}",
+            "vfmadd231ps {s3}, {x}, dword ptr [{q} + 12]{{1to16}}",
+            "vfmadd231ps {s4}, {x}, dword ptr [{q} + 16]{{1to16}}",
+            "vfmadd231ps {s5}, {x}, dword ptr [{q} + 20]{{1to16}}",
+            "vfmadd231ps {s6}, {x}, dword ptr [{q} + 24]{{1to16}}",
+            "vfmadd231ps {s7}, {x}, dword ptr [{q} + 28]{{1to16}}",
+            q = in(reg) q,
+            x = in(zmm_reg) x,
+            s0 = inout(zmm_reg) s[0],
+            s1 = inout(zmm_reg) s[1],
+            s2 = inout(zmm_reg) s[2],
+            s3 = inout(zmm_reg) s[3],
+            s4 = inout(zmm_reg) s[4],
+            s5 = inout(zmm_reg) s[5],
+            s6 = inout(zmm_reg) s[6],
+            s7 = inout(zmm_reg) s[7],
+            options(pure, readonly, nostack, preserves_flags),
+        );
     }
 }
