@@ -112,7 +112,7 @@ type Half = [f32; LANES];
 
 /// A [`Half`] on a cache line of its own, for buffers the kernel reads and writes a vector
 /// at a time: a vector that straddles two lines costs two accesses (the kernel that puts
-/// rows in lanes ran at half its speed on unaligned buffers).
+/// rows in lanes ran about 10% faster from aligned buffers).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line(Half);
