@@ -24,7 +24,7 @@ struct Args {
     #[arg(long, default_value_t = 16_384)]
     max_batch_total_tokens: usize,
     /// Prompt positions whose logits are computed at once when scoring prompts (default:
-    /// as many as keep their logits within 8 MiB, from 8 to 32).
+    /// as many as keep their logits within 8 MiB, from 16 to 32).
     #[arg(long)]
     prompt_logits_chunk: Option<usize>,
     /// The automatic prefix cache: prompt positions an earlier request computed are

@@ -15,6 +15,8 @@
 //! multiply-adds in the same order, then the same factors and offsets, so every output
 //! has the same bits whichever kernel computes it (the tests check it).
 
+use std::ops::Range;
+
 use super::super::blocks::{first_input, At, Tile, TileColumns, TILE};
 use super::super::input::{half_sum_lanes, Lanes};
 use super::super::simd::Simd;
@@ -132,13 +134,14 @@ pub(super) fn sweep<S: Simd, T: Tile, const C: usize>(
         }
         let end = (piece.end * LANES).min(out.len());
         let rows = &mut out[first * LANES..end];
-        write_sums(&acc, (m.from, columns), rows);
+        write_sums(&acc, m.from..m.from + columns, rows);
     }
 }
 
-/// Writes a piece's sums `acc` (group `i` of the piece, tile column `from + g`: at `(i *
-/// columns + g) * 16`, given `(from, columns)`) into its rows `out`.
-fn write_sums(acc: &[Line], (from, columns): (usize, usize), out: &mut [&mut [Out]]) {
+/// Writes a piece's sums `acc` over the tile columns `tiles` (group `i` of the piece, tile
+/// column `tiles.start + g`: at `(i * tiles.len() + g) * 16`) into its rows `out`.
+fn write_sums(acc: &[Line], tiles: Range<usize>, out: &mut [&mut [Out]]) {
+    let (from, columns) = (tiles.start, tiles.len());
     for (group, rows) in out.chunks_mut(LANES).enumerate() {
         for g in 0..columns {
             let sums = &acc[(group * columns + g) * TILE..][..TILE];

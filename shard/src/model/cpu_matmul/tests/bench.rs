@@ -48,7 +48,7 @@ fn bench_rows(default: &str) -> Vec<usize> {
 /// `SONDE_BENCH_WIDE=1` gives the Q4_0–Q5_1 matrices their wide copy, as the shard does.
 /// Gemma 3 270M's shapes:
 /// 640 → 2048 (gate/up), 2048 → 640 (down), and its tied 262144 × 640 Q8_0 output layer
-/// (which prompt logprobs run 8 rows a chunk by default, `auto_logits_chunk`). GB/s: the
+/// (which prompt logprobs run 16 rows a chunk by default, `auto_logits_chunk`). GB/s: the
 /// weights' bytes streamed per second (at 1 row, the decode cost).
 #[test]
 #[ignore]
