@@ -118,30 +118,24 @@ fn bench() {
     }
 }
 
-/// SmolLM2-135M's decode-step products (Q4_1 with its wide copy, 30 layers; q, k and v as
-/// one job, gate and up as one) over 30 distinct layers, so that every step reads its
-/// weights from memory as the shard's does, against one layer 30 times, whose weights
-/// stay in cache. `SONDE_BENCH_ROWS` picks the rows (default 1, 4, 16, 96), and
-/// `RAYON_NUM_THREADS` the threads (the team's size follows it). Prints each's best time
-/// and the median ratio of 9 alternations (memory over cache), with its range.
-#[test]
-#[ignore]
-fn step_from_memory() {
-    const LAYERS: usize = 30;
-    // (k, n): q, k, v, o, gate, up, down.
-    const SHAPES: [(usize, usize); 7] = [
-        (576, 576),
-        (576, 192),
-        (576, 192),
-        (576, 576),
-        (576, 1536),
-        (576, 1536),
-        (1536, 576),
-    ];
-    let rows = bench_rows("1,4,16,96");
-    // The layers hold the same values (`quantized` is seeded) at distinct addresses, which
-    // is all that decides whether a step finds them in cache.
-    let layers: Vec<Vec<CpuQuantMatrix>> = (0..LAYERS)
+/// SmolLM2-135M's layers.
+const LAYERS: usize = 30;
+/// SmolLM2-135M's products, (k, n): q, k, v, o, gate, up, down.
+const SHAPES: [(usize, usize); 7] = [
+    (576, 576),
+    (576, 192),
+    (576, 192),
+    (576, 576),
+    (576, 1536),
+    (576, 1536),
+    (1536, 576),
+];
+
+/// SmolLM2-135M's 30 layers of products, Q4_1 with the wide copy as the shard has them.
+/// The layers hold the same values (`quantized` is seeded) at distinct addresses, which is
+/// all that decides whether a step finds them in cache.
+fn smollm2_layers() -> Vec<Vec<CpuQuantMatrix>> {
+    (0..LAYERS)
         .map(|_| {
             SHAPES
                 .iter()
@@ -153,7 +147,20 @@ fn step_from_memory() {
                 })
                 .collect()
         })
-        .collect();
+        .collect()
+}
+
+/// SmolLM2-135M's decode-step products (Q4_1 with its wide copy, 30 layers; q, k and v as
+/// one job, gate and up as one) over 30 distinct layers, so that every step reads its
+/// weights from memory as the shard's does, against one layer 30 times, whose weights
+/// stay in cache. `SONDE_BENCH_ROWS` picks the rows (default 1, 4, 16, 96), and
+/// `RAYON_NUM_THREADS` the threads (the team's size follows it). Prints each's best time
+/// and the median ratio of 9 alternations (memory over cache), with its range.
+#[test]
+#[ignore]
+fn step_from_memory() {
+    let rows = bench_rows("1,4,16,96");
+    let layers = smollm2_layers();
     let macs: usize = SHAPES.iter().map(|(k, n)| k * n).sum();
     for m in rows {
         let mut rng = ChaCha8Rng::seed_from_u64(8);
@@ -188,5 +195,51 @@ fn step_from_memory() {
             ratios[0],
             ratios[8],
         );
+    }
+}
+
+/// The kernel that puts rows in lanes against the other kernels, on every SIMD variant this
+/// CPU runs (`kernel::rows_in_lanes` gives it rows on AVX-512 only): SmolLM2's decode-step
+/// products from memory (as [`step_from_memory`]), all rows to one kernel or the other.
+/// Prints the median ratio of 9 alternations (the other kernels' time over the lanes
+/// kernel's: above 1, lanes is faster), with its range. `SONDE_BENCH_ROWS` picks the rows
+/// (default 16, 32, 96), `RAYON_NUM_THREADS` the threads.
+#[test]
+#[ignore]
+fn lanes_against_columns() {
+    let layers = smollm2_layers();
+    // The portable kernel takes seconds a step: minutes for each row count.
+    for isa in isas()
+        .into_iter()
+        .filter(|isa| !matches!(isa, Isa::Portable))
+    {
+        for m in bench_rows("16,32,96") {
+            let mut rng = ChaCha8Rng::seed_from_u64(8);
+            let x = random(&mut rng, m * 576);
+            let h = random(&mut rng, m * 1536);
+            let step = |in_lanes: usize| {
+                let split = Split {
+                    cols: None,
+                    in_lanes: Some(in_lanes),
+                };
+                for l in &layers {
+                    drop(tasks::products(&[&l[0], &l[1], &l[2]], &x, isa, split));
+                    drop(tasks::products(&[&l[3]], &x, isa, split));
+                    drop(tasks::products(&[&l[4], &l[5]], &x, isa, split));
+                    drop(tasks::products(&[&l[6]], &h, isa, split));
+                }
+            };
+            let mut ratios: Vec<f64> = (0..9)
+                .map(|_| {
+                    let columns = time(Duration::from_millis(200), || step(0));
+                    columns / time(Duration::from_millis(200), || step(m))
+                })
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            println!(
+                "LANES {isa:?} m={m:2}: other kernels / lanes {:.2} ({:.2}-{:.2})",
+                ratios[4], ratios[0], ratios[8]
+            );
+        }
     }
 }
