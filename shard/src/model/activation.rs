@@ -17,9 +17,13 @@ use super::spec::Activation;
 use crate::fastmath::{gelu_tanh, silu};
 
 /// `act(gate) * up`, elementwise: CPU f32 tensors here, candle's ops on other devices.
+/// Inputs laid out other than row-major (a column slice of a fused projection) are copied
+/// first: the pass reads one run of values, and candle's ops would not give its bits.
 pub fn gated(activation: Activation, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     if gate.device().is_cpu() && gate.dtype() == candle_core::DType::F32 {
-        return gate.apply_op2_no_bwd(up, &Gated(activation));
+        return gate
+            .contiguous()?
+            .apply_op2_no_bwd(&up.contiguous()?, &Gated(activation));
     }
     let gate = match activation {
         Activation::Silu => candle_nn::ops::silu(gate)?,
@@ -148,6 +152,22 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn takes_column_slices_as_their_copies() -> Result<()> {
+        let values: Vec<f32> = (0..6 * 16).map(|i| (i as f32 * 0.37).sin() * 4.0).collect();
+        let fused = Tensor::from_vec(values, (6, 16), &Device::Cpu)?;
+        let (gate, up) = (fused.narrow(1, 0, 8)?, fused.narrow(1, 8, 8)?);
+        assert!(!gate.is_contiguous());
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            let sliced = gated(act, &gate, &up)?.flatten_all()?.to_vec1::<f32>()?;
+            let copied = gated(act, &gate.contiguous()?, &up.contiguous()?)?;
+            let copied = copied.flatten_all()?.to_vec1::<f32>()?;
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&sliced), bits(&copied), "{act:?}");
+        }
+        Ok(())
     }
 
     #[test]

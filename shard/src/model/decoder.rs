@@ -265,11 +265,7 @@ fn mlp(layer: &Layer, activation: Activation, h: &Tensor) -> Result<Tensor> {
         GateUp::Fused(gate_up) => {
             let y = gate_up.forward(h)?;
             let n = y.dim(1)? / 2;
-            gated(
-                activation,
-                &y.narrow(1, 0, n)?.contiguous()?,
-                &y.narrow(1, n, n)?.contiguous()?,
-            )?
+            gated(activation, &y.narrow(1, 0, n)?, &y.narrow(1, n, n)?)?
         }
     };
     layer.down.forward(&hidden)
