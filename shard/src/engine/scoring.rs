@@ -54,7 +54,7 @@ impl Scorers {
     }
 }
 
-/// Reusable buffers for one step's rows; owned by the engine thread.
+/// Reusable buffers for scoring rows, one thread at a time (see [`Scorers`]).
 pub struct Scorer {
     sample: Scratch,
     score: Scratch,
