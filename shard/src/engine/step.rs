@@ -12,6 +12,7 @@ use super::speculation::{take_verified, Verify};
 use super::types::{FinishReason, Generation, TokenScore};
 use super::{auto_logits_chunk, Engine};
 use crate::error::EngineError;
+use crate::model::layers::host_f32;
 use crate::model::{Model, SeqCache, SeqSpan, StepInput};
 
 impl Engine {
@@ -297,8 +298,8 @@ fn with_logits<T>(
 ) -> Result<T, EngineError> {
     let logits = model.logits(hidden)?;
     let (storage, layout) = logits.storage_and_layout();
-    if let (Storage::Cpu(cpu), Some((start, end))) = (&*storage, layout.contiguous_offsets()) {
-        if let Some(rows) = cpu.as_slice::<f32>().ok().and_then(|s| s.get(start..end)) {
+    if let Storage::Cpu(cpu) = &*storage {
+        if let Ok(rows) = host_f32(cpu, layout, "logits") {
             return f(rows);
         }
     }

@@ -88,6 +88,7 @@ mod tasks;
 #[cfg(test)]
 mod tests;
 
+use super::layers::host_f32;
 use blocks::TILE;
 use formats::Tiles;
 use kernel::isa;
@@ -290,12 +291,7 @@ impl CpuQuantMatrix {
         let Storage::Cpu(cpu) = &*storage else {
             candle_core::bail!("CpuQuantMatrix::forward: input is not in CPU memory");
         };
-        let Some(x) = layout
-            .contiguous_offsets()
-            .and_then(|(start, end)| cpu.as_slice::<f32>().ok()?.get(start..end))
-        else {
-            candle_core::bail!("CpuQuantMatrix::forward: cannot read the input as f32");
-        };
+        let x = host_f32(cpu, layout, "CpuQuantMatrix::forward")?;
         let outs = products(ms, x, isa(), Split::default());
         drop(storage);
         ms.iter()

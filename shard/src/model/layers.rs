@@ -160,8 +160,9 @@ impl RmsNorm {
 }
 
 /// The f32 values `layout` selects in a CPU tensor's storage, when they are one
-/// contiguous run; `op` names the op in the error.
-pub(super) fn host_f32<'a>(
+/// contiguous run; `op` names the op in the error. Read in place: the callers are on
+/// the hot path, where a copy of the activations or the logits would cost a pass.
+pub(crate) fn host_f32<'a>(
     storage: &'a CpuStorage,
     layout: &Layout,
     op: &str,
@@ -169,5 +170,9 @@ pub(super) fn host_f32<'a>(
     let (start, end) = layout
         .contiguous_offsets()
         .ok_or_else(|| candle_core::Error::Msg(format!("{op}: input is not contiguous")))?;
-    Ok(&storage.as_slice::<f32>()?[start..end])
+    storage.as_slice::<f32>()?.get(start..end).ok_or_else(|| {
+        candle_core::Error::Msg(format!(
+            "{op}: the layout selects {start}..{end} beyond its storage"
+        ))
+    })
 }
