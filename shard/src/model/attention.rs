@@ -18,12 +18,13 @@ use crate::team::Team;
 use super::decoder::SeqSpan;
 use super::kv_cache::SeqCache;
 
+mod group;
 mod kernels;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use group::{group_attention, GroupRows, HeadKv};
 pub(super) use kernels::dot;
-use kernels::softmax_numerators;
 
 /// Below this many multiply-adds per step, threads cost more than they save.
 const PARALLEL_MIN_MACS: usize = 1 << 16;
@@ -115,24 +116,24 @@ pub fn host_attention(params: AttnParams, qkv: &StepQkv, step: AttnStep) -> Resu
         let span = spans[seq];
         let (k, v, past, capacity) = layers[seq];
         let mut out = vec![0f32; heads.len() * rows.len() * d];
-        for (head, out) in heads.zip(out.chunks_exact_mut(rows.len() * d)) {
-            let g = head / n_rep;
-            let kv = HeadKv {
-                keys: &k[g * capacity * d..],
-                values: &v[g * capacity * d..],
-                past,
-            };
-            let rows = HeadRows {
-                index: rows.clone(),
-                out,
-            };
-            head_attention(
-                &params,
-                |t| &qkv.q[((span.start + t) * num_heads + head) * d..][..d],
-                kv,
-                rows,
-            );
-        }
+        // Every head of a task shares one KV head (see `tasks`).
+        let g = heads.start / n_rep;
+        let kv = HeadKv {
+            keys: &k[g * capacity * d..],
+            values: &v[g * capacity * d..],
+            past,
+        };
+        let rows = GroupRows {
+            heads,
+            index: rows,
+            out: &mut out,
+        };
+        group_attention(
+            &params,
+            |head, t| &qkv.q[((span.start + t) * num_heads + head) * d..][..d],
+            kv,
+            rows,
+        );
         // Each task's cell is set once, by the task alone.
         let _ = outs[i].set(out);
     };
@@ -180,7 +181,8 @@ struct Task {
 /// cache (at 16 decode streams attention is bound by reading the cache: split head by
 /// head across threads, both read it). With too few such tasks to keep the threads busy
 /// (a few decode rows), a task takes one query head instead. Rows split into runs of
-/// `TASK_ROWS`. None of this changes a result: each row of each head is computed alone.
+/// `TASK_ROWS`. Either way a task's heads share one KV head (`group_attention` takes them
+/// together). None of this changes a result: each row of each head is computed alone.
 fn tasks(spans: &[SeqSpan], shape: HeadShape) -> Vec<Task> {
     let n_rep = shape.num_heads / shape.num_kv_heads;
     let runs: usize = spans.iter().map(|s| s.len.div_ceil(TASK_ROWS)).sum();
@@ -204,70 +206,6 @@ fn tasks(spans: &[SeqSpan], shape: HeadShape) -> Vec<Task> {
     tasks
 }
 
-/// One KV head of one sequence's cache: `past` positions before the step's, then the
-/// step's, `head_dim` values each.
-#[derive(Clone, Copy)]
-struct HeadKv<'a> {
-    keys: &'a [f32],
-    values: &'a [f32],
-    past: usize,
-}
-
-/// Some of a sequence's new rows for one head: their indices in its span, and where their
-/// outputs go (`head_dim` values each).
-struct HeadRows<'o> {
-    index: Range<usize>,
-    out: &'o mut [f32],
-}
-
-/// One head of one sequence: for each new row t of `rows` (position p = past + t),
-/// softmax over the scaled (and capped) scores of the keys it sees, then the weighted sum
-/// of their values: `Σ e^(s_j - max) v_j`, divided by `Σ e^(s_j - max)` once at the end.
-fn head_attention<'q>(
-    params: &AttnParams,
-    query: impl Fn(usize) -> &'q [f32],
-    kv: HeadKv,
-    rows: HeadRows,
-) {
-    let HeadKv { keys, values, past } = kv;
-    let HeadRows { index: rows, out } = rows;
-    let d = params.shape.head_dim;
-    let mut scores = Vec::with_capacity(past + rows.end);
-    #[cfg(target_arch = "x86_64")]
-    let avx = x86::available();
-    for (row, t) in out.chunks_exact_mut(d).zip(rows) {
-        let q = query(t);
-        let end = past + t + 1;
-        let first = params.window.map_or(0, |w| end.saturating_sub(w));
-        scores.clear();
-        let mut j = first;
-        #[cfg(target_arch = "x86_64")]
-        if avx {
-            while j + x86::KEYS <= end {
-                // SAFETY: `avx` says the CPU has the feature `dots8` enables.
-                let block = unsafe { x86::dots8(q, &keys[j * d..(j + x86::KEYS) * d]) };
-                scores.extend(block.map(|s| score(params, s)));
-                j += x86::KEYS;
-            }
-        }
-        scores.extend((j..end).map(|j| score(params, dot(q, &keys[j * d..(j + 1) * d]))));
-        let sum = softmax_numerators(&mut scores);
-        let seen = &values[first * d..end * d];
-        #[cfg(target_arch = "x86_64")]
-        if avx {
-            // SAFETY: `avx` says the CPU has the feature `weighted_sum` enables.
-            unsafe { x86::weighted_sum(row, &scores, seen) };
-        } else {
-            kernels::weighted_sum(row, &scores, seen);
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        kernels::weighted_sum(row, &scores, seen);
-        for o in row.iter_mut() {
-            *o /= sum;
-        }
-    }
-}
-
 /// A dot product `s` as a score: `s * scale`, then capped.
 #[inline]
 fn score(params: &AttnParams, s: f32) -> f32 {
@@ -289,45 +227,80 @@ mod tests {
             .collect()
     }
 
-    /// The AVX scoring of 8 keys is the portable `dot` of each, bit for bit (on a CPU
-    /// without AVX it never runs).
+    /// The AVX scoring of several queries against several keys is the portable `dot` of
+    /// each pair, bit for bit (on a CPU without AVX it never runs).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn keys_side_by_side_score_as_alone() {
         if !super::x86::available() {
             return; // the portable `dot` is all such a CPU runs
         }
+        // SAFETY (each call): AVX is available (checked above).
+        unsafe {
+            dots_as_alone::<1, 8>();
+            dots_as_alone::<2, 4>();
+            dots_as_alone::<4, 2>();
+        }
+    }
+
+    /// # Safety
+    /// The CPU has AVX.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn dots_as_alone<const H: usize, const K: usize>() {
         // A length with a tail, too.
         for d in [64, 67, 256] {
-            let a = values(d, 7919);
-            let keys = values(8 * d, 104_729);
-            // SAFETY: AVX is available (checked above).
-            let together = unsafe { super::x86::dots8(&a, &keys) };
-            for (n, got) in together.iter().enumerate() {
-                let alone = dot(&a, &keys[n * d..(n + 1) * d]);
-                assert_eq!(got.to_bits(), alone.to_bits(), "d={d} key {n}");
+            let qs: Vec<Vec<f32>> = (0..H).map(|h| values(d, 7919 + 2 * h)).collect();
+            let keys = values(K * d, 104_729);
+            let refs: [&[f32]; H] = std::array::from_fn(|h| &qs[h][..]);
+            // SAFETY: the caller says AVX is available.
+            let together = unsafe { super::x86::dots::<H, K>(&refs, &keys) };
+            for (h, row) in together.iter().enumerate() {
+                for (k, got) in row.iter().enumerate() {
+                    let alone = dot(&qs[h], &keys[k * d..(k + 1) * d]);
+                    assert_eq!(
+                        got.to_bits(),
+                        alone.to_bits(),
+                        "{H}x{K} d={d} q {h} key {k}"
+                    );
+                }
             }
         }
     }
 
-    /// The AVX weighted sum is the portable one, bit for bit.
+    /// The AVX weighted sums, of one row or several over the same values, are the portable
+    /// one's, bit for bit.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx_weighted_sum_is_the_portable_one() {
         if !super::x86::available() {
             return; // the portable loop is all such a CPU runs
         }
-        // Full 64-column blocks, single registers and a scalar tail.
+        // SAFETY (each call): AVX is available (checked above).
+        unsafe {
+            weighted_sums_as_portable::<1, 8>();
+            weighted_sums_as_portable::<2, 4>();
+            weighted_sums_as_portable::<4, 2>();
+        }
+    }
+
+    /// # Safety
+    /// The CPU has AVX.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn weighted_sums_as_portable<const H: usize, const N: usize>() {
+        // Full blocks of columns, single registers and a scalar tail.
         for (d, keys) in [(64, 1), (256, 37), (67, 9), (5, 3), (136, 8)] {
-            let weights = values(keys, 7919);
+            let weights: Vec<Vec<f32>> = (0..H).map(|h| values(keys, 7919 + 2 * h)).collect();
             let vals = values(keys * d, 104_729);
-            let mut portable = vec![0f32; d];
-            weighted_sum(&mut portable, &weights, &vals);
-            let mut avx = vec![f32::NAN; d];
-            // SAFETY: AVX is available (checked above).
-            unsafe { super::x86::weighted_sum(&mut avx, &weights, &vals) };
+            let mut portable = vec![0f32; H * d];
+            for (row, w) in portable.chunks_exact_mut(d).zip(&weights) {
+                weighted_sum(row, w, &vals);
+            }
+            let mut avx = vec![f32::NAN; H * d];
+            let refs: [&[f32]; H] = std::array::from_fn(|h| &weights[h][..]);
+            // SAFETY: the caller says AVX is available.
+            unsafe { super::x86::weighted_sums::<H, N>(&mut avx, &refs, &vals) };
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&avx), bits(&portable), "d={d} keys={keys}");
+            assert_eq!(bits(&avx), bits(&portable), "{H}x{N} d={d} keys={keys}");
         }
     }
 }

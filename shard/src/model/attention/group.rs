@@ -1,0 +1,331 @@
+//! One KV head's query heads over some new rows of a sequence: for each row, the heads
+//! that share the KV head are scored and weighted together (on AVX), so each chunk of a
+//! key or a value is loaded once for up to [`MAX_GROUP`] heads rather than once per head.
+//! At a long context the keys and values come from L2, and the loads, not the arithmetic,
+//! set the pace (Gemma 3 has 4 query heads per KV head, Llama 3 and Mistral 4, SmolLM2 3).
+//! Each row of each head is still computed alone, in the same order, so the bits do not
+//! depend on which heads go together (the tests check it).
+
+use std::ops::Range;
+
+use super::kernels::{dot, softmax_numerators, weighted_sum};
+#[cfg(target_arch = "x86_64")]
+use super::x86;
+use super::{score, AttnParams};
+
+/// Heads computed together at most: [`x86::dots`] then takes 2 keys a call.
+const MAX_GROUP: usize = 4;
+
+/// One KV head of one sequence's cache: `past` positions before the step's, then the
+/// step's, `head_dim` values each.
+#[derive(Clone, Copy)]
+pub(super) struct HeadKv<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub past: usize,
+}
+
+/// Some of a sequence's new rows (their indices in its span) for some query heads of one
+/// KV head, and where their outputs go: head after head, each its rows' `head_dim` values.
+pub(super) struct GroupRows<'o> {
+    pub heads: Range<usize>,
+    pub index: Range<usize>,
+    pub out: &'o mut [f32],
+}
+
+/// For each new row t of `rows` (position p = past + t) and each of its heads: softmax over
+/// the scaled (and capped) scores of the keys it sees, then the weighted sum of their
+/// values: `Σ e^(s_j - max) v_j`, divided by `Σ e^(s_j - max)` once at the end.
+/// `query(head, t)` is a head's query of row t.
+pub(super) fn group_attention<'q>(
+    params: &AttnParams,
+    query: impl Fn(usize, usize) -> &'q [f32],
+    kv: HeadKv,
+    rows: GroupRows,
+) {
+    let HeadKv { keys, values, past } = kv;
+    let GroupRows {
+        heads,
+        index: rows,
+        out,
+    } = rows;
+    let d = params.shape.head_dim;
+    let n = rows.len();
+    let mut scores: [Vec<f32>; MAX_GROUP] =
+        std::array::from_fn(|_| Vec::with_capacity(past + rows.end));
+    let mut sums = vec![0f32; MAX_GROUP * d];
+    let avx = avx();
+    for (r, t) in rows.enumerate() {
+        let end = past + t + 1;
+        let first = params.window.map_or(0, |w| end.saturating_sub(w));
+        let mut h0 = heads.start;
+        while h0 < heads.end {
+            let group = group_size(heads.end - h0, avx);
+            let mut qs: [&[f32]; MAX_GROUP] = [&[]; MAX_GROUP];
+            for (q, head) in qs.iter_mut().zip(h0..h0 + group) {
+                *q = query(head, t);
+            }
+            let (qs, scores) = (&qs[..group], &mut scores[..group]);
+            for s in scores.iter_mut() {
+                s.clear();
+            }
+            let seen = Seen {
+                keys: &keys[..end * d],
+                first,
+            };
+            score_keys(params, qs, seen, scores);
+            let mut denominators = [0f32; MAX_GROUP];
+            for (den, s) in denominators.iter_mut().zip(scores.iter_mut()) {
+                *den = softmax_numerators(s);
+            }
+            let weighted = &mut sums[..group * d];
+            weigh(scores, &values[first * d..end * d], weighted, avx);
+            for (i, (src, den)) in weighted.chunks_exact(d).zip(denominators).enumerate() {
+                let head = h0 - heads.start + i;
+                let dst = &mut out[(head * n + r) * d..][..d];
+                for (o, &x) in dst.iter_mut().zip(src) {
+                    *o = x / den;
+                }
+            }
+            h0 += group;
+        }
+    }
+}
+
+/// Whether the AVX kernels run here.
+fn avx() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return x86::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Heads to take together of `left`: a size [`x86::dots`] takes (4, 2 or 1), or one at a
+/// time for the portable loops.
+fn group_size(left: usize, avx: bool) -> usize {
+    match left {
+        _ if !avx => 1,
+        4.. => 4,
+        2 | 3 => 2,
+        _ => 1,
+    }
+}
+
+/// The keys a row sees: from key `first` to the end of `keys` (`head_dim` values each).
+#[derive(Clone, Copy)]
+struct Seen<'a> {
+    keys: &'a [f32],
+    first: usize,
+}
+
+/// Appends to `scores[h]` the score of each key `seen` for query `qs[h]`:
+/// `score(dot(q, key))`, the same bits however the keys are grouped.
+fn score_keys(params: &AttnParams, qs: &[&[f32]], seen: Seen, scores: &mut [Vec<f32>]) {
+    let d = params.shape.head_dim;
+    let Seen { keys, first } = seen;
+    let mut j = first;
+    #[cfg(target_arch = "x86_64")]
+    if avx() {
+        // SAFETY: `avx()` says the CPU has the feature `x86::dots` enables.
+        j = unsafe {
+            match qs.len() {
+                4 => key_blocks::<4, 2>(params, qs, seen, scores),
+                2 => key_blocks::<2, 4>(params, qs, seen, scores),
+                1 => key_blocks::<1, 8>(params, qs, seen, scores),
+                _ => first,
+            }
+        };
+    }
+    let end = keys.len() / d;
+    for (q, s) in qs.iter().zip(scores) {
+        s.extend((j..end).map(|j| score(params, dot(q, &keys[j * d..(j + 1) * d]))));
+    }
+}
+
+/// [`score_keys`] of the keys in whole blocks of `K` with [`x86::dots`], `H` queries (else
+/// none); returns the first key it left.
+///
+/// # Safety
+/// The CPU has AVX ([`x86::available`]).
+#[cfg(target_arch = "x86_64")]
+unsafe fn key_blocks<const H: usize, const K: usize>(
+    params: &AttnParams,
+    qs: &[&[f32]],
+    seen: Seen,
+    scores: &mut [Vec<f32>],
+) -> usize {
+    let Seen { keys, first } = seen;
+    let Ok(qs) = <&[&[f32]; H]>::try_from(qs) else {
+        return first;
+    };
+    let d = params.shape.head_dim;
+    let end = keys.len() / d;
+    let mut j = first;
+    while j + K <= end {
+        // SAFETY: the caller says the CPU has AVX.
+        let block = unsafe { x86::dots::<H, K>(qs, &keys[j * d..(j + K) * d]) };
+        for (s, b) in scores.iter_mut().zip(block) {
+            s.extend(b.map(|x| score(params, x)));
+        }
+        j += K;
+    }
+    j
+}
+
+/// Row `h` of `out` (`values`' width each) becomes `Σ_j weights[h][j] · values[j]`, as
+/// `kernels::weighted_sum` computes it.
+fn weigh(weights: &[Vec<f32>], values: &[f32], out: &mut [f32], avx: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        let mut ws: [&[f32]; MAX_GROUP] = [&[]; MAX_GROUP];
+        for (w, v) in ws.iter_mut().zip(weights) {
+            *w = v;
+        }
+        // SAFETY: `avx` says the CPU has the feature `x86::weighted_sums` enables.
+        unsafe {
+            match weights.len() {
+                4 => return x86::weighted_sums::<4, 2>(out, &[ws[0], ws[1], ws[2], ws[3]], values),
+                2 => return x86::weighted_sums::<2, 4>(out, &[ws[0], ws[1]], values),
+                1 => return x86::weighted_sums::<1, 8>(out, &[ws[0]], values),
+                _ => {}
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = avx;
+    let d = out.len() / weights.len().max(1);
+    for (row, w) in out.chunks_exact_mut(d.max(1)).zip(weights) {
+        weighted_sum(row, w, values);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attention::HeadShape;
+
+    fn values(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * seed) % 1013) as f32 / 1009.0 - 0.5)
+            .collect()
+    }
+
+    /// Heads taken together give each head's bits alone: for 1 to 7 heads of a KV head
+    /// (groups of 4, 2 and 1), a past and new rows, with and without a window and softcap.
+    #[test]
+    fn heads_together_are_heads_alone() {
+        let (d, past, new) = (72, 21, 13);
+        let keys = values((past + new) * d, 104_729);
+        let vals = values((past + new) * d, 7_919);
+        for (heads, window, softcap) in [(7, None, None), (4, Some(9), Some(30.0)), (3, None, None)]
+        {
+            let params = AttnParams {
+                shape: HeadShape {
+                    num_heads: heads,
+                    num_kv_heads: 1,
+                    head_dim: d,
+                },
+                scale: 0.125,
+                softcap,
+                window,
+            };
+            let q = values(new * heads * d, 15_485_863);
+            let query = |head: usize, t: usize| &q[(t * heads + head) * d..][..d];
+            let kv = HeadKv {
+                keys: &keys,
+                values: &vals,
+                past,
+            };
+            let run = |range: Range<usize>| {
+                let mut out = vec![f32::NAN; range.len() * new * d];
+                let rows = GroupRows {
+                    heads: range,
+                    index: 0..new,
+                    out: &mut out,
+                };
+                group_attention(&params, query, kv, rows);
+                out
+            };
+            let together = run(0..heads);
+            let alone: Vec<f32> = (0..heads).flat_map(|h| run(h..h + 1)).collect();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&together), bits(&alone), "{heads} heads");
+            assert!(together.iter().all(|x| x.is_finite()), "{heads} heads");
+        }
+    }
+}
+
+/// Timing by hand: `cargo test -p sonde-shard --release --lib attention::group::bench --
+/// --ignored --nocapture`.
+#[cfg(test)]
+mod bench {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::model::attention::HeadShape;
+
+    /// A prompt's attention for one KV head, its query heads together against one at a
+    /// time (Gemma 3 270M: 4 heads of 256; SmolLM2: 3 of 64), and one decode row at a long
+    /// context; prints the median ratio of 9 alternations (alone over together).
+    #[test]
+    #[ignore]
+    fn together_against_alone() {
+        for (heads, d, past, new) in [
+            (4, 256, 0, 512),
+            (3, 64, 0, 512),
+            (4, 256, 2000, 1),
+            (3, 64, 2000, 1),
+        ] {
+            let n = past + new;
+            let keys: Vec<f32> = (0..n * d)
+                .map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5)
+                .collect();
+            let vals: Vec<f32> = (0..n * d)
+                .map(|i| ((i * 104_729) % 1013) as f32 / 1013.0 - 0.5)
+                .collect();
+            let q: Vec<f32> = (0..new * heads * d)
+                .map(|i| ((i * 31) % 1013) as f32 / 1013.0 - 0.5)
+                .collect();
+            let params = AttnParams {
+                shape: HeadShape {
+                    num_heads: heads,
+                    num_kv_heads: 1,
+                    head_dim: d,
+                },
+                scale: 0.0625,
+                softcap: None,
+                window: None,
+            };
+            let kv = HeadKv {
+                keys: &keys,
+                values: &vals,
+                past,
+            };
+            let mut out = vec![0f32; heads * new * d];
+            let mut run = |range: Range<usize>| {
+                let len = range.len();
+                let rows = GroupRows {
+                    heads: range,
+                    index: 0..new,
+                    out: &mut out[..len * new * d],
+                };
+                group_attention(&params, |h, t| &q[(t * heads + h) * d..][..d], kv, rows);
+            };
+            let reps = if new == 1 { 200 } else { 3 };
+            let mut time = |together: bool| {
+                let start = Instant::now();
+                for _ in 0..reps {
+                    if together {
+                        run(0..heads);
+                    } else {
+                        (0..heads).for_each(|h| run(h..h + 1));
+                    }
+                }
+                start.elapsed().as_secs_f64()
+            };
+            let mut ratios: Vec<f64> = (0..9).map(|_| time(false) / time(true)).collect();
+            ratios.sort_by(f64::total_cmp);
+            println!("GROUP heads={heads} d={d} past={past} new={new}: alone / together {:.2} ({:.2}-{:.2})", ratios[4], ratios[0], ratios[8]);
+        }
+    }
+}
