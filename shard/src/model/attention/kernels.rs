@@ -11,7 +11,7 @@ use crate::fastmath::exp_le0;
 pub(super) const LANES: usize = 8;
 
 /// `a · b` with LANES partial sums folded in a fixed order: the same bits every call (and
-/// as `x86::dots8` computes them). The RMS norm sums a row's squares with it too.
+/// as `x86::dots` computes them). The RMS norm sums a row's squares with it too.
 #[inline]
 pub(in crate::model) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
