@@ -221,7 +221,7 @@ mod tests {
     use super::kernels::{dot, weighted_sum};
 
     /// Values that round (not integers).
-    fn values(n: usize, seed: usize) -> Vec<f32> {
+    pub(super) fn values(n: usize, seed: usize) -> Vec<f32> {
         (0..n)
             .map(|i| ((i * seed) % 1013) as f32 / 1009.0 - 0.5)
             .collect()

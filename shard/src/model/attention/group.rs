@@ -204,14 +204,11 @@ mod tests {
     use super::*;
     use crate::model::attention::HeadShape;
 
-    fn values(n: usize, seed: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i * seed) % 1013) as f32 / 1009.0 - 0.5)
-            .collect()
-    }
+    use crate::model::attention::tests::values;
 
-    /// Heads taken together give each head's bits alone: for 1 to 7 heads of a KV head
-    /// (groups of 4, 2 and 1), a past and new rows, with and without a window and softcap.
+    /// Heads taken together give each head's bits alone: 7, 4 and 3 heads of a KV head
+    /// (in groups of 4, 2 and 1) against each head by itself, over a past and new rows,
+    /// with and without a window and a softcap.
     #[test]
     fn heads_together_are_heads_alone() {
         let (d, past, new) = (72, 21, 13);
@@ -262,6 +259,7 @@ mod bench {
     use std::time::Instant;
 
     use super::*;
+    use crate::model::attention::tests::values;
     use crate::model::attention::HeadShape;
 
     /// A prompt's attention for one KV head, its query heads together against one at a
@@ -277,15 +275,8 @@ mod bench {
             (3, 64, 2000, 1),
         ] {
             let n = past + new;
-            let keys: Vec<f32> = (0..n * d)
-                .map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5)
-                .collect();
-            let vals: Vec<f32> = (0..n * d)
-                .map(|i| ((i * 104_729) % 1013) as f32 / 1013.0 - 0.5)
-                .collect();
-            let q: Vec<f32> = (0..new * heads * d)
-                .map(|i| ((i * 31) % 1013) as f32 / 1013.0 - 0.5)
-                .collect();
+            let (keys, vals) = (values(n * d, 7919), values(n * d, 104_729));
+            let q = values(new * heads * d, 31);
             let params = AttnParams {
                 shape: HeadShape {
                     num_heads: heads,

@@ -74,10 +74,11 @@ pub(super) fn dots<const H: usize, const K: usize>(
     out
 }
 
-/// `fold(lanes, tail)` of 8 accumulators at once (any 8: each is folded on its own). `fold` sums lanes i and i + 4 (the two
-/// halves of the register), then neighbouring pairs, then the two pairs, then the tail;
-/// here the halves of two keys are added in one register, and two horizontal additions
-/// do the pairs, leaving keys in the order 0, 2, 4, 6 | 1, 3, 5, 7.
+/// `fold(lanes, tail)` of 8 accumulators at once, each on its own. `fold` sums lanes i
+/// and i + 4 (the two halves of the register), then neighbouring pairs, then the two
+/// pairs, then the tail; here the halves of two accumulators are added in one register,
+/// and two horizontal additions do the pairs, leaving them in the order 0, 2, 4, 6 | 1,
+/// 3, 5, 7.
 #[target_feature(enable = "avx")]
 fn fold8(acc: [__m256; PAIRS], tails: [f32; PAIRS]) -> [f32; PAIRS] {
     let p01 = halves(acc[0], acc[1]);
