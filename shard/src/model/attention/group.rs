@@ -79,7 +79,7 @@ pub(super) fn group_attention<'q>(
                 *den = softmax_numerators(s);
             }
             let weighted = &mut sums[..group * d];
-            weigh(scores, &values[first * d..end * d], weighted, avx);
+            weigh(scores, &values[first * d..end * d], weighted);
             for (i, (src, den)) in weighted.chunks_exact(d).zip(denominators).enumerate() {
                 let head = h0 - heads.start + i;
                 let dst = &mut out[(head * n + r) * d..][..d];
@@ -92,7 +92,7 @@ pub(super) fn group_attention<'q>(
     }
 }
 
-/// Whether the AVX kernels run here.
+/// Whether the AVX kernels run here (a cached check: each kernel's caller asks it).
 fn avx() -> bool {
     #[cfg(target_arch = "x86_64")]
     return x86::available();
@@ -174,25 +174,20 @@ unsafe fn key_blocks<const H: usize, const K: usize>(
 
 /// Row `h` of `out` (`values`' width each) becomes `Σ_j weights[h][j] · values[j]`, as
 /// `kernels::weighted_sum` computes it.
-fn weigh(weights: &[Vec<f32>], values: &[f32], out: &mut [f32], avx: bool) {
+fn weigh(weights: &[Vec<f32>], values: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if avx {
-        let mut ws: [&[f32]; MAX_GROUP] = [&[]; MAX_GROUP];
-        for (w, v) in ws.iter_mut().zip(weights) {
-            *w = v;
-        }
-        // SAFETY: `avx` says the CPU has the feature `x86::weighted_sums` enables.
+    if avx() {
+        let w = weights;
+        // SAFETY: `avx()` says the CPU has the feature `x86::weighted_sums` enables.
         unsafe {
-            match weights.len() {
-                4 => return x86::weighted_sums::<4, 2>(out, &[ws[0], ws[1], ws[2], ws[3]], values),
-                2 => return x86::weighted_sums::<2, 4>(out, &[ws[0], ws[1]], values),
-                1 => return x86::weighted_sums::<1, 8>(out, &[ws[0]], values),
+            match w.len() {
+                4 => return x86::weighted_sums::<4, 2>(out, &[&w[0], &w[1], &w[2], &w[3]], values),
+                2 => return x86::weighted_sums::<2, 4>(out, &[&w[0], &w[1]], values),
+                1 => return x86::weighted_sums::<1, 8>(out, &[&w[0]], values),
                 _ => {}
             }
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = avx;
     let d = out.len() / weights.len().max(1);
     for (row, w) in out.chunks_exact_mut(d.max(1)).zip(weights) {
         weighted_sum(row, w, values);
