@@ -60,6 +60,11 @@ impl CpuQuantMatrix {
     /// Columns per task: as many tasks as the work is worth (`MIN_TASK_MACS` each), at
     /// most `TASKS_PER_THREAD` per thread, and from one per thread up a multiple of the
     /// thread count, so every thread gets the same share. Affects speed only.
+    ///
+    /// Columns are rounded up to `COL_ALIGN`, which can leave a count of tasks the threads
+    /// do not share evenly (640 columns in 8 tasks: 7 of 96, so one of 2 threads ran 4 and
+    /// the product took 4/3.5 of the time); then narrower tasks are taken while that evens
+    /// it out (10 of 64). At 16 rows, Gemma 3's 640-column products ran 10–15% faster.
     fn cols_per_task(&self, m: usize) -> usize {
         let threads = Team::global().threads();
         let worth = m * self.k * self.n / MIN_TASK_MACS;
@@ -67,7 +72,14 @@ impl CpuQuantMatrix {
         if tasks > threads {
             tasks -= tasks % threads;
         }
-        self.n.div_ceil(tasks).next_multiple_of(COL_ALIGN)
+        let cols = |tasks: usize| self.n.div_ceil(tasks).next_multiple_of(COL_ALIGN);
+        let even = |tasks: usize| self.n.div_ceil(cols(tasks)) % threads == 0;
+        if tasks > 1 && !even(tasks) {
+            if let Some(t) = (tasks + 1..=2 * tasks).find(|&t| even(t)) {
+                return cols(t);
+            }
+        }
+        cols(tasks)
     }
 }
 

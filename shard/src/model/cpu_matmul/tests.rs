@@ -369,6 +369,38 @@ fn the_lanes_kernel_gives_each_row_its_bits_alone() {
     }
 }
 
+/// Rows in lanes (`input::LaneRows`) are the rows turned around: each group of 16 rows
+/// (the last with fewer, its other lanes zero) holds input `i` of its rows in one vector,
+/// and so with their run sums, whose rows here end in a block of fewer than 16 (576
+/// inputs, 36 sums).
+#[test]
+fn rows_in_lanes_are_the_rows_turned_around() {
+    let k = 576;
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    for rows in [3, 16, 21, 33] {
+        let x = random(&mut rng, rows * k);
+        let sums = random(&mut rng, rows * k / LANES);
+        let held = input::LaneRows::new(&x, &sums, k, rows);
+        let lanes = held.lanes();
+        for (what, got, v, len) in [("x", lanes.x, &x, k), ("sums", lanes.sums, &sums, k / 16)] {
+            assert_eq!(got.len(), rows.div_ceil(LANES) * len, "{what} rows={rows}");
+            for (g, group) in got.chunks_exact(len).enumerate() {
+                for (i, line) in group.iter().enumerate() {
+                    for (lane, value) in line.0.iter().enumerate() {
+                        let r = g * LANES + lane;
+                        let want = if r < rows { v[r * len + i] } else { 0.0 };
+                        assert_eq!(
+                            value.to_bits(),
+                            want.to_bits(),
+                            "{what} rows={rows} row {r} input {i}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The wide copy of the 4- and 5-bit formats (`blocks::wide`), on blocks of random bytes
 /// (every quant, negative and zero scales): products of `WIDE_MIN_ROWS` rows or more read
 /// it (these row counts take every group size of the kernels' sweeps), and each row's
