@@ -18,6 +18,8 @@ use crate::team::Team;
 use super::decoder::SeqSpan;
 use super::kv_cache::SeqCache;
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod group;
 mod kernels;
 #[cfg(target_arch = "x86_64")]
@@ -227,33 +229,38 @@ mod tests {
             .collect()
     }
 
-    /// The AVX scoring of several queries against several keys is the portable `dot` of
-    /// each pair, bit for bit (on a CPU without AVX it never runs).
+    /// The AVX and AVX-512 scoring of several queries against several keys is the portable
+    /// `dot` of each pair, bit for bit (on a CPU without them they never run).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn keys_side_by_side_score_as_alone() {
-        if !super::x86::available() {
-            return; // the portable `dot` is all such a CPU runs
+        use super::{avx512, x86};
+        if x86::available() {
+            dots_as_alone::<1, 8>(x86::dots::<1, 8>);
+            dots_as_alone::<2, 4>(x86::dots::<2, 4>);
+            dots_as_alone::<4, 2>(x86::dots::<4, 2>);
         }
-        // SAFETY (each call): AVX is available (checked above).
-        unsafe {
-            dots_as_alone::<1, 8>();
-            dots_as_alone::<2, 4>();
-            dots_as_alone::<4, 2>();
+        if avx512::available() {
+            dots_as_alone::<1, 16>(avx512::dots::<1, 16>);
+            dots_as_alone::<2, 8>(avx512::dots::<2, 8>);
+            dots_as_alone::<4, 4>(avx512::dots::<4, 4>);
         }
     }
 
-    /// # Safety
-    /// The CPU has AVX.
+    /// An AVX kernel scoring `H` queries against `K` keys.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn dots_as_alone<const H: usize, const K: usize>() {
+    type Dots<const H: usize, const K: usize> = unsafe fn(&[&[f32]; H], &[f32]) -> [[f32; K]; H];
+
+    /// `dots` (an AVX kernel the CPU has) against `dot` of each pair.
+    #[cfg(target_arch = "x86_64")]
+    fn dots_as_alone<const H: usize, const K: usize>(dots: Dots<H, K>) {
         // A length with a tail, too.
         for d in [64, 67, 256] {
             let qs: Vec<Vec<f32>> = (0..H).map(|h| values(d, 7919 + 2 * h)).collect();
             let keys = values(K * d, 104_729);
             let refs: [&[f32]; H] = std::array::from_fn(|h| &qs[h][..]);
-            // SAFETY: the caller says AVX is available.
-            let together = unsafe { super::x86::dots::<H, K>(&refs, &keys) };
+            // SAFETY: the caller checked that the CPU runs `dots`.
+            let together = unsafe { dots(&refs, &keys) };
             for (h, row) in together.iter().enumerate() {
                 for (k, got) in row.iter().enumerate() {
                     let alone = dot(&qs[h], &keys[k * d..(k + 1) * d]);
@@ -267,28 +274,31 @@ mod tests {
         }
     }
 
-    /// The AVX weighted sums, of one row or several over the same values, are the portable
-    /// one's, bit for bit.
+    /// The AVX and AVX-512 weighted sums, of one row or several over the same values, are
+    /// the portable one's, bit for bit.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx_weighted_sum_is_the_portable_one() {
-        if !super::x86::available() {
-            return; // the portable loop is all such a CPU runs
+        use super::{avx512, x86};
+        if x86::available() {
+            weighted_sums_as_portable::<1, 8>(x86::weighted_sums::<1, 8>);
+            weighted_sums_as_portable::<2, 4>(x86::weighted_sums::<2, 4>);
+            weighted_sums_as_portable::<4, 2>(x86::weighted_sums::<4, 2>);
         }
-        // SAFETY (each call): AVX is available (checked above).
-        unsafe {
-            weighted_sums_as_portable::<1, 8>();
-            weighted_sums_as_portable::<2, 4>();
-            weighted_sums_as_portable::<4, 2>();
+        if avx512::available() {
+            weighted_sums_as_portable::<1, 4>(avx512::weighted_sums::<1, 4>);
+            weighted_sums_as_portable::<2, 4>(avx512::weighted_sums::<2, 4>);
+            weighted_sums_as_portable::<4, 4>(avx512::weighted_sums::<4, 4>);
         }
     }
 
-    /// # Safety
-    /// The CPU has AVX.
+    /// `sums` (an AVX kernel the CPU has) against the portable loop, row by row.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn weighted_sums_as_portable<const H: usize, const N: usize>() {
+    fn weighted_sums_as_portable<const H: usize, const N: usize>(
+        sums: unsafe fn(&mut [f32], &[&[f32]; H], &[f32]),
+    ) {
         // Full blocks of columns, single registers and a scalar tail.
-        for (d, keys) in [(64, 1), (256, 37), (67, 9), (5, 3), (136, 8)] {
+        for (d, keys) in [(64, 1), (256, 37), (67, 9), (5, 3), (136, 8), (96, 5)] {
             let weights: Vec<Vec<f32>> = (0..H).map(|h| values(keys, 7919 + 2 * h)).collect();
             let vals = values(keys * d, 104_729);
             let mut portable = vec![0f32; H * d];
@@ -297,8 +307,8 @@ mod tests {
             }
             let mut avx = vec![f32::NAN; H * d];
             let refs: [&[f32]; H] = std::array::from_fn(|h| &weights[h][..]);
-            // SAFETY: the caller says AVX is available.
-            unsafe { super::x86::weighted_sums::<H, N>(&mut avx, &refs, &vals) };
+            // SAFETY: the caller checked that the CPU runs `sums`.
+            unsafe { sums(&mut avx, &refs, &vals) };
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&avx), bits(&portable), "{H}x{N} d={d} keys={keys}");
         }

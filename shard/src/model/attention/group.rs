@@ -10,10 +10,11 @@ use std::ops::Range;
 
 use super::kernels::{dot, softmax_numerators, weighted_sum};
 #[cfg(target_arch = "x86_64")]
-use super::x86;
+use super::{avx512, x86};
 use super::{score, AttnParams};
 
-/// Heads computed together at most: [`x86::dots`] then takes 2 keys a call.
+/// Heads computed together at most: [`x86::dots`] then takes 2 keys a call, and
+/// [`avx512::dots`] 4.
 const MAX_GROUP: usize = 4;
 
 /// One KV head of one sequence's cache: `past` positions before the step's, then the
@@ -100,6 +101,14 @@ fn avx() -> bool {
     false
 }
 
+/// Whether the AVX-512 kernels run here (a cached check, as [`avx`]).
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return avx512::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Heads to take together of `left`: a size [`x86::dots`] takes (4, 2 or 1), or one at a
 /// time for the portable loops.
 fn group_size(left: usize, avx: bool) -> usize {
@@ -123,48 +132,52 @@ struct Seen<'a> {
 fn score_keys(params: &AttnParams, qs: &[&[f32]], seen: Seen, scores: &mut [Vec<f32>]) {
     let d = params.shape.head_dim;
     let Seen { keys, first } = seen;
-    let mut j = first;
+    // SAFETY (each kernel's call): `avx512()` or `avx()` said the CPU has the features
+    // the kernel enables.
     #[cfg(target_arch = "x86_64")]
-    if avx() {
-        // SAFETY: `avx()` says the CPU has the feature `x86::dots` enables.
-        j = unsafe {
-            match qs.len() {
-                4 => key_blocks::<4, 2>(params, qs, seen, scores),
-                2 => key_blocks::<2, 4>(params, qs, seen, scores),
-                1 => key_blocks::<1, 8>(params, qs, seen, scores),
-                _ => first,
-            }
-        };
-    }
+    let j = match (qs, avx512(), avx()) {
+        (&[a, b, c, e], true, _) => key_blocks(params, seen, scores, |k| unsafe {
+            avx512::dots::<4, 4>(&[a, b, c, e], k)
+        }),
+        (&[a, b], true, _) => key_blocks(params, seen, scores, |k| unsafe {
+            avx512::dots::<2, 8>(&[a, b], k)
+        }),
+        (&[a], true, _) => key_blocks(params, seen, scores, |k| unsafe {
+            avx512::dots::<1, 16>(&[a], k)
+        }),
+        (&[a, b, c, e], false, true) => key_blocks(params, seen, scores, |k| unsafe {
+            x86::dots::<4, 2>(&[a, b, c, e], k)
+        }),
+        (&[a, b], false, true) => key_blocks(params, seen, scores, |k| unsafe {
+            x86::dots::<2, 4>(&[a, b], k)
+        }),
+        (&[a], false, true) => key_blocks(params, seen, scores, |k| unsafe {
+            x86::dots::<1, 8>(&[a], k)
+        }),
+        _ => first,
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let j = first;
     let end = keys.len() / d;
     for (q, s) in qs.iter().zip(scores) {
         s.extend((j..end).map(|j| score(params, dot(q, &keys[j * d..(j + 1) * d]))));
     }
 }
 
-/// [`score_keys`] of the keys in whole blocks of `K` with [`x86::dots`], `H` queries (else
-/// none); returns the first key it left.
-///
-/// # Safety
-/// The CPU has AVX ([`x86::available`]).
-#[cfg(target_arch = "x86_64")]
-unsafe fn key_blocks<const H: usize, const K: usize>(
+/// [`score_keys`] of the keys in whole blocks of `K`, `dots(block)` scoring a block for
+/// each of `H` queries (`[h][k]`: query h, key k); returns the first key it left.
+fn key_blocks<const H: usize, const K: usize>(
     params: &AttnParams,
-    qs: &[&[f32]],
     seen: Seen,
     scores: &mut [Vec<f32>],
+    dots: impl Fn(&[f32]) -> [[f32; K]; H],
 ) -> usize {
     let Seen { keys, first } = seen;
-    let Ok(qs) = <&[&[f32]; H]>::try_from(qs) else {
-        return first;
-    };
     let d = params.shape.head_dim;
     let end = keys.len() / d;
     let mut j = first;
     while j + K <= end {
-        // SAFETY: the caller says the CPU has AVX.
-        let block = unsafe { x86::dots::<H, K>(qs, &keys[j * d..(j + K) * d]) };
-        for (s, b) in scores.iter_mut().zip(block) {
+        for (s, b) in scores.iter_mut().zip(dots(&keys[j * d..(j + K) * d])) {
             s.extend(b.map(|x| score(params, x)));
         }
         j += K;
@@ -175,6 +188,25 @@ unsafe fn key_blocks<const H: usize, const K: usize>(
 /// Row `h` of `out` (`values`' width each) becomes `Σ_j weights[h][j] · values[j]`, as
 /// `kernels::weighted_sum` computes it.
 fn weigh(weights: &[Vec<f32>], values: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        let w = weights;
+        // SAFETY: `avx512()` says the CPU has the feature `avx512::weighted_sums` enables.
+        unsafe {
+            match w.len() {
+                4 => {
+                    return avx512::weighted_sums::<4, 4>(
+                        out,
+                        &[&w[0], &w[1], &w[2], &w[3]],
+                        values,
+                    )
+                }
+                2 => return avx512::weighted_sums::<2, 4>(out, &[&w[0], &w[1]], values),
+                1 => return avx512::weighted_sums::<1, 4>(out, &[&w[0]], values),
+                _ => {}
+            }
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     if avx() {
         let w = weights;

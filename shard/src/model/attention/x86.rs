@@ -80,7 +80,7 @@ pub(super) fn dots<const H: usize, const K: usize>(
 /// and two horizontal additions do the pairs, leaving them in the order 0, 2, 4, 6 | 1,
 /// 3, 5, 7.
 #[target_feature(enable = "avx")]
-fn fold8(acc: [__m256; PAIRS], tails: [f32; PAIRS]) -> [f32; PAIRS] {
+pub(super) fn fold8(acc: [__m256; PAIRS], tails: [f32; PAIRS]) -> [f32; PAIRS] {
     let p01 = halves(acc[0], acc[1]);
     let p23 = halves(acc[2], acc[3]);
     let p45 = halves(acc[4], acc[5]);
