@@ -131,33 +131,41 @@ struct Seen<'a> {
 /// `score(dot(q, key))`, the same bits however the keys are grouped.
 fn score_keys(params: &AttnParams, qs: &[&[f32]], seen: Seen, scores: &mut [Vec<f32>]) {
     let d = params.shape.head_dim;
-    let Seen { keys, first } = seen;
+    let keys = seen.keys;
+    // The AVX-512 kernel's blocks of keys, then the AVX kernel's smaller ones for the keys
+    // left (a decode row at a short context leaves up to 15 of 16), then one at a time.
     // SAFETY (each kernel's call): `avx512()` or `avx()` said the CPU has the features
     // the kernel enables.
     #[cfg(target_arch = "x86_64")]
-    let j = match (qs, avx512(), avx()) {
-        (&[a, b, c, e], true, _) => key_blocks(params, seen, scores, |k| unsafe {
-            avx512::dots::<4, 4>(&[a, b, c, e], k)
-        }),
-        (&[a, b], true, _) => key_blocks(params, seen, scores, |k| unsafe {
-            avx512::dots::<2, 8>(&[a, b], k)
-        }),
-        (&[a], true, _) => key_blocks(params, seen, scores, |k| unsafe {
-            avx512::dots::<1, 16>(&[a], k)
-        }),
-        (&[a, b, c, e], false, true) => key_blocks(params, seen, scores, |k| unsafe {
-            x86::dots::<4, 2>(&[a, b, c, e], k)
-        }),
-        (&[a, b], false, true) => key_blocks(params, seen, scores, |k| unsafe {
-            x86::dots::<2, 4>(&[a, b], k)
-        }),
-        (&[a], false, true) => key_blocks(params, seen, scores, |k| unsafe {
-            x86::dots::<1, 8>(&[a], k)
-        }),
-        _ => first,
+    let j = {
+        let seen = match (qs, avx512()) {
+            (&[a, b, c, e], true) => key_blocks(params, seen, scores, |k| unsafe {
+                avx512::dots::<4, 4>(&[a, b, c, e], k)
+            }),
+            (&[a, b], true) => key_blocks(params, seen, scores, |k| unsafe {
+                avx512::dots::<2, 8>(&[a, b], k)
+            }),
+            (&[a], true) => key_blocks(params, seen, scores, |k| unsafe {
+                avx512::dots::<1, 16>(&[a], k)
+            }),
+            _ => seen,
+        };
+        match (qs, avx()) {
+            (&[a, b, c, e], true) => key_blocks(params, seen, scores, |k| unsafe {
+                x86::dots::<4, 2>(&[a, b, c, e], k)
+            }),
+            (&[a, b], true) => key_blocks(params, seen, scores, |k| unsafe {
+                x86::dots::<2, 4>(&[a, b], k)
+            }),
+            (&[a], true) => key_blocks(params, seen, scores, |k| unsafe {
+                x86::dots::<1, 8>(&[a], k)
+            }),
+            _ => seen,
+        }
+        .first
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let j = first;
+    let j = seen.first;
     let end = keys.len() / d;
     for (q, s) in qs.iter().zip(scores) {
         s.extend((j..end).map(|j| score(params, dot(q, &keys[j * d..(j + 1) * d]))));
@@ -165,13 +173,13 @@ fn score_keys(params: &AttnParams, qs: &[&[f32]], seen: Seen, scores: &mut [Vec<
 }
 
 /// [`score_keys`] of the keys in whole blocks of `K`, `dots(block)` scoring a block for
-/// each of `H` queries (`[h][k]`: query h, key k); returns the first key it left.
-fn key_blocks<const H: usize, const K: usize>(
+/// each of `H` queries (`[h][k]`: query h, key k); returns the keys it left.
+fn key_blocks<'a, const H: usize, const K: usize>(
     params: &AttnParams,
-    seen: Seen,
+    seen: Seen<'a>,
     scores: &mut [Vec<f32>],
     dots: impl Fn(&[f32]) -> [[f32; K]; H],
-) -> usize {
+) -> Seen<'a> {
     let Seen { keys, first } = seen;
     let d = params.shape.head_dim;
     let end = keys.len() / d;
@@ -182,7 +190,7 @@ fn key_blocks<const H: usize, const K: usize>(
         }
         j += K;
     }
-    j
+    Seen { keys, first: j }
 }
 
 /// Row `h` of `out` (`values`' width each) becomes `Σ_j weights[h][j] · values[j]`, as
