@@ -3,8 +3,8 @@
 //! by issuing loads, broadcasts and bookkeeping rather than arithmetic.
 //!
 //! - [`dots`] keeps 16 accumulators of 8 lanes where `x86::dots` has room for 8: each
-//!   chunk of a query or key loaded feeds twice the products (4 queries by 4 keys). Each
-//!   accumulator is `kernels::dot`'s for its pair, folded by `x86::fold8`. (Two keys in
+//!   chunk of a query or key loaded feeds twice the products (4 queries by 4 keys). It is
+//!   `x86::dots_in`, the AVX kernel's body, compiled with AVX-512's registers. (Two keys in
 //!   one 16-lane register instead, with the same bits, ran slower: on an AMD Zen 4 a
 //!   16-lane operation takes the 8-lane units twice, and putting the halves together
 //!   costs a shuffle per chunk.)
@@ -17,13 +17,12 @@
 //! alone ([`bench`]), scores 1.10–1.14x and weighted sums 1.44–1.52x.
 
 use std::arch::x86_64::{
-    __m256, __m512, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps,
-    _mm512_add_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps,
+    __m512, _mm512_add_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps,
     _mm512_storeu_ps,
 };
 
-use super::kernels::{tail_dot, weighted_sum_from, LANES};
-use super::x86::{fold8, PAIRS};
+use super::kernels::weighted_sum_from;
+use super::x86::{dots_in, PAIRS};
 
 /// f32 lanes of a register.
 const WIDE: usize = 16;
@@ -34,60 +33,16 @@ pub(super) fn available() -> bool {
         && std::arch::is_x86_feature_detected!("avx512vl")
 }
 
-/// `dot(q, key)` for each query of `qs` and each of the `K` keys of `keys` (`K * d`
-/// values, key after key, `d` the queries' length), `H * K` = 16: `[h][k]` is query `h`
-/// against key `k`, as `x86::dots` computes it; AVX-512's 32 registers hold twice its
-/// accumulators, so each chunk loaded feeds twice the products. Callers check
-/// [`available`] first.
+/// `x86::dots` with 16 accumulators, `H * K` = 16 (4 queries by 4 keys, 2 by 8, 1 by
+/// 16): AVX-512's 32 registers hold them beside the chunks loaded, so each chunk feeds
+/// twice the products. Callers check [`available`] first.
 #[target_feature(enable = "avx512f,avx512vl")]
 pub(super) fn dots<const H: usize, const K: usize>(
     qs: &[&[f32]; H],
     keys: &[f32],
 ) -> [[f32; K]; H] {
     const { assert!(H * K == 2 * PAIRS) };
-    let d = qs[0].len();
-    let mut rows: [&[f32]; K] = [&[]; K];
-    for (n, row) in rows.iter_mut().enumerate() {
-        *row = &keys[n * d..(n + 1) * d];
-    }
-    let mut acc: [__m256; 2 * PAIRS] = [_mm256_setzero_ps(); 2 * PAIRS];
-    let chunks = d / LANES;
-    for c in 0..chunks {
-        let at = c * LANES..(c + 1) * LANES;
-        let mut xs = [_mm256_setzero_ps(); H];
-        for (x, q) in xs.iter_mut().zip(qs) {
-            // SAFETY: each query is `d` f32 and `at` ends at or before `d`.
-            *x = unsafe { _mm256_loadu_ps(q[at.clone()].as_ptr()) };
-        }
-        for (k, row) in rows.iter().enumerate() {
-            // SAFETY: `row` is `d` f32 (above), so `at` is in it.
-            let y = unsafe { _mm256_loadu_ps(row[at.clone()].as_ptr()) };
-            for (h, x) in xs.iter().enumerate() {
-                let a = &mut acc[h * K + k];
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(*x, y));
-            }
-        }
-    }
-    let mut tails = [0f32; 2 * PAIRS];
-    for (h, q) in qs.iter().enumerate() {
-        for (k, row) in rows.iter().enumerate() {
-            tails[h * K + k] = tail_dot(&q[chunks * LANES..], &row[chunks * LANES..]);
-        }
-    }
-    let mut folded = [0f32; 2 * PAIRS];
-    for half in 0..2 {
-        let at = half * PAIRS..(half + 1) * PAIRS;
-        let mut lanes = [_mm256_setzero_ps(); PAIRS];
-        lanes.copy_from_slice(&acc[at.clone()]);
-        let mut t = [0f32; PAIRS];
-        t.copy_from_slice(&tails[at.clone()]);
-        folded[at].copy_from_slice(&fold8(lanes, t));
-    }
-    let mut out = [[0f32; K]; H];
-    for (h, out) in out.iter_mut().enumerate() {
-        out.copy_from_slice(&folded[h * K..(h + 1) * K]);
-    }
-    out
+    dots_in(qs, keys)
 }
 
 /// `kernels::weighted_sum` for each of `H` weight rows over the same `values`: row `h`

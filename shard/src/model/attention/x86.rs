@@ -35,43 +35,59 @@ pub(super) fn dots<const H: usize, const K: usize>(
     keys: &[f32],
 ) -> [[f32; K]; H] {
     const { assert!(H * K == PAIRS) };
+    dots_in(qs, keys)
+}
+
+/// [`dots`] with any multiple of [`PAIRS`] accumulators (`H * K`), inlined into the
+/// caller's instruction set: AVX has registers for 8 beside the chunks loaded, AVX-512
+/// for 16 (`avx512::dots`). Each accumulator is `kernels::dot`'s for its pair.
+#[inline(always)]
+pub(super) fn dots_in<const H: usize, const K: usize>(
+    qs: &[&[f32]; H],
+    keys: &[f32],
+) -> [[f32; K]; H] {
+    const { assert!((H * K).is_multiple_of(PAIRS)) };
     let d = qs[0].len();
     let mut rows: [&[f32]; K] = [&[]; K];
     for (n, row) in rows.iter_mut().enumerate() {
         *row = &keys[n * d..(n + 1) * d];
     }
-    // `acc[h * K + k]`: query h against key k.
-    let mut acc: [__m256; PAIRS] = [_mm256_setzero_ps(); PAIRS];
-    let chunks = d / LANES;
-    for c in 0..chunks {
-        let at = c * LANES..(c + 1) * LANES;
-        let mut xs = [_mm256_setzero_ps(); H];
-        for (x, q) in xs.iter_mut().zip(qs) {
-            // SAFETY: each query is `d` f32 and `at` ends at or before `d`.
-            *x = unsafe { _mm256_loadu_ps(q[at.clone()].as_ptr()) };
-        }
-        for (k, row) in rows.iter().enumerate() {
-            // SAFETY: `row` is `d` f32 (above), so `at` is in it.
-            let y = unsafe { _mm256_loadu_ps(row[at.clone()].as_ptr()) };
-            for (h, x) in xs.iter().enumerate() {
-                let a = &mut acc[h * K + k];
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(*x, y));
+    // SAFETY (every intrinsic here): the caller's `#[target_feature]` enables AVX, and
+    // the loads read 8 f32 of a query or key of `d` at a chunk that ends by `d`.
+    unsafe {
+        // `acc[h][k]`: query h against key k.
+        let mut acc = [[_mm256_setzero_ps(); K]; H];
+        let chunks = d / LANES;
+        for c in 0..chunks {
+            let at = c * LANES..(c + 1) * LANES;
+            let mut xs = [_mm256_setzero_ps(); H];
+            for (x, q) in xs.iter_mut().zip(qs) {
+                *x = _mm256_loadu_ps(q[at.clone()].as_ptr());
+            }
+            for (k, row) in rows.iter().enumerate() {
+                let y = _mm256_loadu_ps(row[at.clone()].as_ptr());
+                for (acc, x) in acc.iter_mut().zip(&xs) {
+                    acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(*x, y));
+                }
             }
         }
-    }
-    // Loops, not `map`s: the closure was not inlined (a call per 8 keys).
-    let mut tails = [0f32; PAIRS];
-    for (h, q) in qs.iter().enumerate() {
-        for (k, row) in rows.iter().enumerate() {
-            tails[h * K + k] = tail_dot(&q[chunks * LANES..], &row[chunks * LANES..]);
+        // 8 pairs at a time through `fold8`, with their tails. Loops, not `map`s: the
+        // closure was not inlined (a call per 8 keys).
+        let mut out = [[0f32; K]; H];
+        let mut lanes = [_mm256_setzero_ps(); PAIRS];
+        let mut tails = [0f32; PAIRS];
+        for n in (0..H * K).step_by(PAIRS) {
+            for i in 0..PAIRS {
+                let (h, k) = ((n + i) / K, (n + i) % K);
+                lanes[i] = acc[h][k];
+                tails[i] = tail_dot(&qs[h][chunks * LANES..], &rows[k][chunks * LANES..]);
+            }
+            for (i, v) in fold8(lanes, tails).into_iter().enumerate() {
+                out[(n + i) / K][(n + i) % K] = v;
+            }
         }
+        out
     }
-    let folded = fold8(acc, tails);
-    let mut out = [[0f32; K]; H];
-    for (h, out) in out.iter_mut().enumerate() {
-        out.copy_from_slice(&folded[h * K..(h + 1) * K]);
-    }
-    out
 }
 
 /// `fold(lanes, tail)` of 8 accumulators at once, each on its own. `fold` sums lanes i
@@ -80,7 +96,7 @@ pub(super) fn dots<const H: usize, const K: usize>(
 /// and two horizontal additions do the pairs, leaving them in the order 0, 2, 4, 6 | 1,
 /// 3, 5, 7.
 #[target_feature(enable = "avx")]
-pub(super) fn fold8(acc: [__m256; PAIRS], tails: [f32; PAIRS]) -> [f32; PAIRS] {
+fn fold8(acc: [__m256; PAIRS], tails: [f32; PAIRS]) -> [f32; PAIRS] {
     let p01 = halves(acc[0], acc[1]);
     let p23 = halves(acc[2], acc[3]);
     let p45 = halves(acc[4], acc[5]);
