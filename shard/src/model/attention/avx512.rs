@@ -14,7 +14,7 @@
 //! On a Zen 4, one thread, alternated in one process: a 512-token prompt's attention for
 //! one KV head of Gemma 3's (4 heads of 256) ran 1.17–1.21x as fast as with the AVX
 //! kernels, 1.24x at 1024 tokens, SmolLM2's shape (3 heads of 64) 1.08x; the kernels
-//! alone ([`bench`]), scores 1.10–1.14x and weighted sums 1.44–1.52x.
+//! alone (`bench` below), scores 1.10–1.14x and weighted sums 1.44–1.52x.
 
 use std::arch::x86_64::{
     __m512, _mm512_add_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps,
