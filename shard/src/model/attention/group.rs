@@ -174,6 +174,7 @@ fn score_keys(params: &AttnParams, qs: &[&[f32]], seen: Seen, scores: &mut [Vec<
 
 /// [`score_keys`] of the keys in whole blocks of `K`, `dots(block)` scoring a block for
 /// each of `H` queries (`[h][k]`: query h, key k); returns the keys it left.
+#[cfg(target_arch = "x86_64")]
 fn key_blocks<'a, const H: usize, const K: usize>(
     params: &AttnParams,
     seen: Seen<'a>,
