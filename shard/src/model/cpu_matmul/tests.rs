@@ -321,46 +321,59 @@ fn a_row_is_bitwise_the_same_alone_or_in_any_batch() {
 /// groups of 16 rows), made to take the first rows of a product, whole groups or not, on
 /// every kernel variant, for every format, from the packed tiles and the wide copy: each
 /// row's outputs are its bits alone, and so are those of the rows the other kernels take
-/// after it.
+/// after it. 576 inputs end in a short chunk of tiles for the formats of 32-input blocks,
+/// and 260 rows are two pieces (the kernel widens each step's chunk while it multiplies
+/// the one before).
 #[test]
 fn the_lanes_kernel_gives_each_row_its_bits_alone() {
-    let (n, k) = (37, 512); // n not a multiple of 16: the last tile stands past it
+    let cases: [(usize, &[usize]); 2] = [(512, &[1, 5, 16, 17, 33]), (576, &[17, 260])];
     for (f, dtype) in FORMATS.into_iter().enumerate() {
-        let (_, packed, _) = matrix(dtype, n, k, 40 + f as u64);
-        let mut wide = packed.clone();
-        wide.add_wide_copy();
-        let mut rng = ChaCha8Rng::seed_from_u64(5);
-        for m in [1, 5, 16, 17, 33] {
-            let x = random(&mut rng, m * k);
-            for isa in isas() {
-                let alone: Vec<Vec<f32>> = x
-                    .chunks_exact(k)
-                    .map(|row| {
-                        packed.matmul_split(
-                            row,
-                            isa,
-                            Split {
-                                in_lanes: Some(0),
-                                ..Split::default()
-                            },
-                        )
-                    })
-                    .collect();
-                for in_lanes in [m, m / 2, 16] {
-                    for (which, mat) in [("packed", &packed), ("wide", &wide)] {
-                        for cols in [None, Some(16)] {
-                            let split = Split {
-                                cols,
-                                in_lanes: Some(in_lanes),
-                            };
-                            let y = mat.matmul_split(&x, isa, split);
-                            for (r, alone) in alone.iter().enumerate() {
-                                assert_same_bits(
+        for (k, ms) in cases {
+            if k % dtype.block_size() != 0 {
+                continue;
+            }
+            lanes_case(dtype, k, ms, 40 + f as u64);
+        }
+    }
+}
+
+/// [`the_lanes_kernel_gives_each_row_its_bits_alone`] for one format, `k` and row counts.
+fn lanes_case(dtype: GgmlDType, k: usize, ms: &[usize], seed: u64) {
+    let n = 37; // not a multiple of 16: the last tile stands past it
+    let (_, packed, _) = matrix(dtype, n, k, seed);
+    let mut wide = packed.clone();
+    wide.add_wide_copy();
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for &m in ms {
+        let x = random(&mut rng, m * k);
+        for isa in isas() {
+            let alone: Vec<Vec<f32>> = x
+                .chunks_exact(k)
+                .map(|row| {
+                    packed.matmul_split(
+                        row,
+                        isa,
+                        Split {
+                            in_lanes: Some(0),
+                            ..Split::default()
+                        },
+                    )
+                })
+                .collect();
+            for in_lanes in [m, m / 2, 16] {
+                for (which, mat) in [("packed", &packed), ("wide", &wide)] {
+                    for cols in [None, Some(16)] {
+                        let split = Split {
+                            cols,
+                            in_lanes: Some(in_lanes),
+                        };
+                        let y = mat.matmul_split(&x, isa, split);
+                        for (r, alone) in alone.iter().enumerate() {
+                            assert_same_bits(
                                     &y[r * n..(r + 1) * n],
                                     alone,
                                     &format!("{dtype:?} {which} m={m} in lanes {in_lanes} row {r} {isa:?} cols={cols:?}"),
                                 );
-                            }
                         }
                     }
                 }

@@ -28,43 +28,83 @@ use super::PIECE_BYTES;
 /// input]`, lane `c` = column `c`), tile after tile, part after part; each part's factors
 /// (`a` of the low and high halves, then `b` of each). Lines of their own, so that no
 /// vector straddles two.
+#[derive(Default)]
 struct Column {
     quants: Vec<[Line; 2]>,
     factors: Vec<[Line; 4]>,
 }
 
 impl Column {
-    /// A buffer for `tiles` tiles of `T`.
-    fn new<T: Tile>(tiles: usize) -> Self {
-        Column {
-            quants: vec![[Line::ZERO; 2]; tiles * T::PARTS * T::PAIRS],
-            factors: vec![[Line::ZERO; 4]; tiles * T::PARTS],
+    /// Makes room for `tiles` tiles of `T` (what was there stays: every tile is widened
+    /// before it is read).
+    fn fit<T: Tile>(&mut self, tiles: usize) {
+        let (quants, factors) = (tiles * T::PARTS * T::PAIRS, tiles * T::PARTS);
+        if self.quants.len() < quants {
+            self.quants.resize(quants, [Line::ZERO; 2]);
+        }
+        if self.factors.len() < factors {
+            self.factors.resize(factors, [Line::ZERO; 4]);
         }
     }
 
     /// Widens `tiles` (at most as many as the buffer was made for) into it.
     #[inline(always)]
     fn fill<S: Simd, T: Tile>(&mut self, s: S, tiles: &[T]) {
-        let mut quants = self.quants.iter_mut();
-        let mut factors = self.factors.iter_mut();
-        for tile in tiles {
+        for (b, tile) in tiles.iter().enumerate() {
+            let slot = Slot { tile, b };
             for part in 0..T::PARTS {
-                let f = tile.factors(s, part);
-                if let Some(out) = factors.next() {
-                    for (v, out) in [f.a[0], f.a[1], f.b[0], f.b[1]].into_iter().zip(out) {
-                        s.store(v, &mut out.0);
-                    }
-                }
+                self.fill_factors(s, slot, part);
                 for pair in 0..T::PAIRS {
-                    let [lo, hi] = tile.quants(s, At { part, pair });
-                    if let Some([l, h]) = quants.next() {
-                        s.store(lo, &mut l.0);
-                        s.store(hi, &mut h.0);
-                    }
+                    self.fill_pair(s, slot, At { part, pair });
                 }
             }
         }
     }
+
+    /// Widens the factors of part `part` of `at`.
+    #[inline(always)]
+    fn fill_factors<S: Simd, T: Tile>(&mut self, s: S, at: Slot<T>, part: usize) {
+        let f = at.tile.factors(s, part);
+        if let Some(out) = self.factors.get_mut(at.b * T::PARTS + part) {
+            for (v, out) in [f.a[0], f.a[1], f.b[0], f.b[1]].into_iter().zip(out) {
+                s.store(v, &mut out.0);
+            }
+        }
+    }
+
+    /// Widens the quants of pair `pair` of `at`.
+    #[inline(always)]
+    fn fill_pair<S: Simd, T: Tile>(&mut self, s: S, at: Slot<T>, pair: At) {
+        let [lo, hi] = at.tile.quants(s, pair);
+        if let Some([l, h]) = self
+            .quants
+            .get_mut((at.b * T::PARTS + pair.part) * T::PAIRS + pair.pair)
+        {
+            s.store(lo, &mut l.0);
+            s.store(hi, &mut h.0);
+        }
+    }
+}
+
+/// A tile, `tile`, to widen into a [`Column`] as its tile `b`.
+#[derive(Clone, Copy)]
+struct Slot<'a, T> {
+    tile: &'a T,
+    b: usize,
+}
+
+/// A thread's buffers for [`sweep`], kept from one call to the next: allocating and
+/// zeroing them took 2% of 16-row products' time (a task is tens of microseconds).
+#[derive(Default)]
+struct Scratch {
+    /// The two steps' widened chunks.
+    buffers: [Column; 2],
+    /// The piece's sums.
+    acc: Vec<Line>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::default();
 }
 
 /// Inputs a tile column is widened for at a time (whole tiles; one K-quant tile): 16 KiB
@@ -84,6 +124,13 @@ const CHUNK_INPUTS: usize = 256;
 /// whole rows, as the other kernels take, held 2 groups at 2048 inputs, and each widened
 /// chunk fed only those: at 512 rows the down projections ran 4–6% slower, the others
 /// 1–3%.)
+///
+/// A piece's steps (a chunk of one tile column) take turns in two buffers: while the
+/// piece's first group multiplies one step's chunk, it widens the next step's into the
+/// other buffer, pair by pair between its multiply-adds. The widening (loads, shuffles,
+/// conversions, stores) then runs on the ports the multiply-adds leave idle, rather than
+/// between them: at 16 rows, where every widened chunk feeds one group, it had been a
+/// sixth of the kernel's time.
 #[inline(always)]
 pub(super) fn sweep<S: Simd, T: Tile, const C: usize>(
     s: S,
@@ -96,50 +143,81 @@ pub(super) fn sweep<S: Simd, T: Tile, const C: usize>(
     let chunk = (CHUNK_INPUTS / T::INPUTS).max(1);
     let per_piece = (PIECE_BYTES / ((chunk * T::INPUTS).min(k) * size_of::<Line>())).max(1);
     let columns = m.groups() - m.from;
-    let mut column = Column::new::<T>(chunk);
+    // Step `i` of a piece: chunk `i / columns`, tile column `m.from + i % columns`.
+    let steps = m.nb.div_ceil(chunk) * columns;
+    let tiles_of = |i: usize| -> &[T] {
+        if i >= steps {
+            return &[];
+        }
+        let b0 = i / columns * chunk;
+        &m.group(m.from + i % columns, 1)[b0..(b0 + chunk).min(m.nb)]
+    };
+    // Taken out of the thread's slot and put back at the end (only moves in the closures:
+    // code in a closure would not have this function's target features).
+    let Scratch {
+        mut buffers,
+        acc: mut sums_of_piece,
+    } = SCRATCH.with(std::cell::Cell::take);
+    for b in &mut buffers {
+        b.fit::<T>(chunk);
+    }
+    sums_of_piece.resize(per_piece.min(groups) * columns * TILE, Line::ZERO);
     // Group `i` of the piece, tile column `g`: its 16 sums (one per column, lane = row).
-    let mut acc = vec![Line::ZERO; per_piece.min(groups) * columns * TILE];
+    let acc = &mut sums_of_piece[..per_piece.min(groups) * columns * TILE];
     for first in (0..groups).step_by(per_piece) {
         let piece = first..(first + per_piece).min(groups);
         acc.fill(Line::ZERO);
-        for b0 in (0..m.nb).step_by(chunk) {
-            let tiles = chunk.min(m.nb - b0);
-            let chunk_of = |g: usize| &m.group(g, 1)[b0..b0 + tiles];
-            for g in m.from..m.groups() {
-                column.fill(s, chunk_of(g));
-                // The next tile column's chunk, asked for from memory while the first
-                // group works on this one.
-                let next = if g + 1 < m.groups() {
-                    chunk_of(g + 1)
-                } else {
-                    &[]
-                };
-                for group in piece.clone() {
-                    let xs = &x.x[group * k..(group + 1) * k];
-                    let sums = x.sums.get(group * k / LANES..(group + 1) * k / LANES);
-                    let at = ((group - first) * columns + g - m.from) * TILE;
-                    for c0 in (0..TILE).step_by(C) {
-                        let block = Block {
-                            column: &column,
-                            tiles,
-                            b0,
-                            c0,
-                            next: if group == first && c0 == 0 { next } else { &[] },
+        buffers[0].fill(s, tiles_of(0));
+        for i in 0..steps {
+            let (b0, g) = (i / columns * chunk, i % columns);
+            let [even, odd] = &mut buffers;
+            let (now, then): (&Column, &mut Column) =
+                if i % 2 == 0 { (even, odd) } else { (odd, even) };
+            let tiles = tiles_of(i).len();
+            for group in piece.clone() {
+                let xs = &x.x[group * k..(group + 1) * k];
+                let sums = x.sums.get(group * k / LANES..(group + 1) * k / LANES);
+                let at = ((group - first) * columns + g) * TILE;
+                for c0 in (0..TILE).step_by(C) {
+                    let lead = group == first && c0 == 0;
+                    let block = Block {
+                        column: now,
+                        tiles,
+                        b0,
+                        c0,
+                        // The step after next, asked for from memory now: the next one
+                        // is read (and widened) meanwhile.
+                        next: if lead { tiles_of(i + 2) } else { &[] },
+                    };
+                    let rows = Group {
+                        x: xs,
+                        sums: sums.unwrap_or(&[]),
+                        acc: &mut acc[at + c0..at + c0 + C],
+                    };
+                    if lead {
+                        // As many tiles as this step's or fewer: only a piece's last
+                        // chunk is short, and the step after its last has none.
+                        let fill = Fill {
+                            column: &mut *then,
+                            tiles: tiles_of(i + 1),
                         };
-                        let rows = Group {
-                            x: xs,
-                            sums: sums.unwrap_or(&[]),
-                            acc: &mut acc[at + c0..at + c0 + C],
-                        };
-                        dot::<S, T, C>(s, block, rows);
+                        debug_assert!(fill.tiles.len() <= tiles);
+                        dot::<S, T, C>(s, block, rows, Some(fill));
+                    } else {
+                        dot::<S, T, C>(s, block, rows, None);
                     }
                 }
             }
         }
         let end = (piece.end * LANES).min(out.len());
         let rows = &mut out[first * LANES..end];
-        write_sums(&acc, m.from..m.from + columns, rows);
+        write_sums(acc, m.from..m.from + columns, rows);
     }
+    let scratch = Scratch {
+        buffers,
+        acc: sums_of_piece,
+    };
+    SCRATCH.with(|slot| slot.set(scratch));
 }
 
 /// Writes a piece's sums `acc` over the tile columns `tiles` (group `i` of the piece, tile
@@ -172,6 +250,13 @@ struct Block<'a, T> {
     next: &'a [T],
 }
 
+/// The next step's chunk, `tiles` (as many as the step's or fewer), for [`dot`] to widen
+/// into `column` as it goes.
+struct Fill<'a, T> {
+    column: &'a mut Column,
+    tiles: &'a [T],
+}
+
 /// A group of 16 rows in lanes for [`dot`]: their inputs `x` and run sums `sums`, and their
 /// sums so far `acc` (lane `r` of sum `c`: output (row `r`, column `c0 + c`)).
 struct Group<'a> {
@@ -181,9 +266,14 @@ struct Group<'a> {
 }
 
 /// Adds the block `at` into the group's sums, each exactly as [`super::dot`] computes it,
-/// prefetching `at.next` as it goes.
+/// prefetching `at.next` and widening `fill` as it goes.
 #[inline(always)]
-fn dot<S: Simd, T: Tile, const C: usize>(s: S, at: Block<T>, rows: Group) {
+fn dot<S: Simd, T: Tile, const C: usize>(
+    s: S,
+    at: Block<T>,
+    rows: Group,
+    mut fill: Option<Fill<T>>,
+) {
     let Group { x, sums, acc } = rows;
     let col = at.column;
     let hi_sum = usize::from(T::SPLIT);
@@ -192,7 +282,19 @@ fn dot<S: Simd, T: Tile, const C: usize>(s: S, at: Block<T>, rows: Group) {
         if let Some(t) = at.next.get(b) {
             prefetch(t);
         }
+        let mut widen = fill.as_mut().and_then(|f| {
+            Some((
+                Slot {
+                    tile: f.tiles.get(b)?,
+                    b,
+                },
+                &mut *f.column,
+            ))
+        });
         for p in 0..T::PARTS {
+            if let Some((slot, column)) = widen.as_mut() {
+                column.fill_factors(s, *slot, p);
+            }
             let first = (at.b0 + b) * T::INPUTS + first_input::<T>(p);
             let start = (b * T::PARTS + p) * T::PAIRS;
             let quants = &col.quants[start..start + T::PAIRS];
@@ -201,11 +303,14 @@ fn dot<S: Simd, T: Tile, const C: usize>(s: S, at: Block<T>, rows: Group) {
             let mut part = [[s.zero(); C]; 2];
             let lows = &x[first..first + T::PAIRS];
             let highs = &x[first + T::SPAN..first + T::SPAN + T::PAIRS];
-            for ((q, xl), xh) in quants.iter().zip(lows).zip(highs) {
+            for (pair, ((q, xl), xh)) in quants.iter().zip(lows).zip(highs).enumerate() {
                 // Every column's low input, then every column's high one: each sum takes
                 // them in that order.
                 s.mul_add_each(s.load(&xl.0), &q[0].0[c0..c0 + C], &mut part[0]);
                 s.mul_add_each(s.load(&xh.0), &q[1].0[c0..c0 + C], &mut part[hi_sum]);
+                if let Some((slot, column)) = widen.as_mut() {
+                    column.fill_pair(s, *slot, At { part: p, pair });
+                }
             }
             let halves = if T::OFFSET {
                 let lo = half_sum_lanes(s, sums, first, T::PAIRS);
