@@ -94,7 +94,9 @@ struct Slot<'a, T> {
 }
 
 /// A thread's buffers for [`sweep`], kept from one call to the next: allocating and
-/// zeroing them took 2% of 16-row products' time (a task is tens of microseconds).
+/// zeroing them took 2% of 16-row products' time (a task is tens of microseconds). They
+/// keep the largest size a task asked for: the sums of a piece of an output layer's task,
+/// a few MB at most (16 groups of rows by a few hundred tile columns).
 #[derive(Default)]
 struct Scratch {
     /// The two steps' widened chunks.
