@@ -145,14 +145,16 @@ pub(super) fn sweep<S: Simd, T: Tile, const C: usize>(
     let chunk = (CHUNK_INPUTS / T::INPUTS).max(1);
     let per_piece = (PIECE_BYTES / ((chunk * T::INPUTS).min(k) * size_of::<Line>())).max(1);
     let columns = m.groups() - m.from;
-    // Step `i` of a piece: chunk `i / columns`, tile column `m.from + i % columns`.
+    // Step `i` of a piece: chunk `i / columns` (its first tile `b0`), tile column
+    // `m.from + g`.
     let steps = m.nb.div_ceil(chunk) * columns;
+    let step = |i: usize| (i / columns * chunk, i % columns);
     let tiles_of = |i: usize| -> &[T] {
         if i >= steps {
             return &[];
         }
-        let b0 = i / columns * chunk;
-        &m.group(m.from + i % columns, 1)[b0..(b0 + chunk).min(m.nb)]
+        let (b0, g) = step(i);
+        &m.group(m.from + g, 1)[b0..(b0 + chunk).min(m.nb)]
     };
     // Taken out of the thread's slot and put back at the end (only moves in the closures:
     // code in a closure would not have this function's target features).
@@ -163,15 +165,15 @@ pub(super) fn sweep<S: Simd, T: Tile, const C: usize>(
     for b in &mut buffers {
         b.fit::<T>(chunk);
     }
-    sums_of_piece.resize(per_piece.min(groups) * columns * TILE, Line::ZERO);
     // Group `i` of the piece, tile column `g`: its 16 sums (one per column, lane = row).
-    let acc = &mut sums_of_piece[..per_piece.min(groups) * columns * TILE];
+    sums_of_piece.resize(per_piece.min(groups) * columns * TILE, Line::ZERO);
+    let acc = &mut sums_of_piece[..];
     for first in (0..groups).step_by(per_piece) {
         let piece = first..(first + per_piece).min(groups);
         acc.fill(Line::ZERO);
         buffers[0].fill(s, tiles_of(0));
         for i in 0..steps {
-            let (b0, g) = (i / columns * chunk, i % columns);
+            let (b0, g) = step(i);
             let [even, odd] = &mut buffers;
             let (now, then): (&Column, &mut Column) =
                 if i % 2 == 0 { (even, odd) } else { (odd, even) };
