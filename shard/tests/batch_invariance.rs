@@ -167,6 +167,17 @@ fn safetensors_scores_are_batch_invariant() {
     check_model(&hf_f32_path(), true);
 }
 
+/// A request's tokens and their scores are the same bits whether it scores its prompt or
+/// not, on the quantized and the f32 paths.
+#[test]
+fn tokens_are_the_same_bits_with_and_without_prompt_scores() {
+    let tok = ModelTokenizer::from_gguf_file(&gguf_path()).unwrap();
+    let prompts: Vec<Vec<u32>> = prompts(&tok).into_iter().step_by(3).collect();
+    for path in [gguf_path(), hf_f32_path()] {
+        assert_prompt_scores_change_no_token(&path, &prompts);
+    }
+}
+
 /// The wide copy of the Q4/Q5 matrices (read by every product of 10 rows or more, see
 /// docs/shard.md, "Weights") changes no bit: a batch of 32 with every score on, on an
 /// engine with it and on one without.

@@ -334,6 +334,8 @@ fn check_model(label: &str, model: &Path, reference: &Path) {
     );
     let steps = check_greedy(label, &greedy_runs(model, &r), &r);
     eprintln!("{label}: {steps} greedy steps equal");
+    let ids: Vec<Vec<u32>> = r.prompts.iter().map(|p| p.ids.clone()).collect();
+    assert_prompt_scores_change_no_token(model, &ids);
     assert!(
         positions >= 200,
         "{label}: only {positions} scored positions"

@@ -15,7 +15,7 @@ use crate::error::EngineError;
 use crate::loader::{LoadedModel, ModelFacts};
 use crate::model::Model;
 use crate::sampling::Sampler;
-use prefix::{second_wave, PrefixStore};
+use prefix::{second_wave, PrefixStore, Prompt};
 pub use prefix::{PrefixStats, BLOCK_TOKENS as PREFIX_BLOCK_TOKENS};
 use scoring::Scorers;
 pub use sequence::MAX_LABEL_TOKENS;
@@ -176,8 +176,14 @@ impl Engine {
 
     /// Orders a batch's requests first wave first; returns them and the first wave's size.
     fn in_waves(&self, requests: Vec<ValidRequest>) -> (Vec<ValidRequest>, usize) {
-        let prompts: Vec<&[u32]> = requests.iter().map(|r| r.input_ids.as_slice()).collect();
-        let wait = second_wave(&self.prefix, &prompts, |i| prompts[i].len() - 1);
+        let prompts: Vec<Prompt> = requests
+            .iter()
+            .map(|r| Prompt {
+                tokens: &r.input_ids,
+                scored: r.scores.prefill_logprobs,
+            })
+            .collect();
+        let wait = second_wave(&self.prefix, &prompts, |i| prompts[i].tokens.len() - 1);
         let (mut first, second): (Vec<_>, Vec<_>) =
             requests.into_iter().zip(wait).partition(|(_, wait)| !wait);
         let split = first.len();

@@ -4,10 +4,14 @@
 //! - Prompts are cut into blocks of [`BLOCK_TOKENS`] tokens. A block is keyed by its
 //!   tokens and its parent block, so it stands for the whole prefix up to its end; lookups
 //!   compare token ids, never hashes alone, so a match is exact.
-//! - A block holds everything its positions computed: every layer's keys and values, and
-//!   each position's final hidden row. The hidden rows are what keep prompt logprobs exact:
-//!   a cached position's logits come from the same row-independent output projection as a
-//!   computed one's, from the same bits, so its scores are bit-identical to a cold run.
+//! - A block holds what its positions computed: every layer's keys and values, and, when
+//!   the request that stored it scored its prompt, each position's final hidden row. The
+//!   hidden rows are what keep prompt logprobs exact: a cached position's logits come from
+//!   the same row-independent output projection as a computed one's, from the same bits,
+//!   so its scores are bit-identical to a cold run. A request without prompt scores
+//!   computes the last layer at its last position only (`Model::forward`), so its blocks
+//!   hold keys and values alone: a request that scores its prompt loads blocks up to the
+//!   first without hidden rows, computes the rest, and gives those blocks its rows.
 //!   Every kernel computes a row the same way whatever the other rows of its step (the
 //!   batch-invariance tests hold it), so a suffix computed after loaded rows equals the
 //!   same positions computed in one pass.
@@ -41,22 +45,33 @@ struct Block {
     /// Its index in the chain: it holds positions `depth * BLOCK_TOKENS..`.
     depth: usize,
     kv: KvRows,
-    /// `[BLOCK_TOKENS × hidden_size]` final hidden rows.
-    hidden: Vec<f32>,
+    /// `[BLOCK_TOKENS × hidden_size]` final hidden rows, when they were computed.
+    hidden: Option<Vec<f32>>,
     used: u64,
 }
 
-/// What a block stores: the keys and values of its positions and their final hidden rows.
+/// What a block stores: the keys and values of its positions and, when the step computed
+/// them, their final hidden rows.
 pub struct BlockRows {
     pub kv: KvRows,
-    pub hidden: Vec<f32>,
+    pub hidden: Option<Vec<f32>>,
+}
+
+/// A request's prompt as the cache sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Prompt<'a> {
+    pub tokens: &'a [u32],
+    /// The request scores its prompt: it needs the final hidden rows of what it loads,
+    /// and its step computes them for every position.
+    pub scored: bool,
 }
 
 /// A cached prefix loaded into a sequence's cache.
 #[derive(Debug, Default)]
 pub struct LoadedPrefix {
     pub tokens: usize,
-    /// `[tokens × hidden_size]` final hidden rows of those positions.
+    /// `[tokens × hidden_size]` final hidden rows of those positions, for a scored prompt
+    /// (empty otherwise).
     pub hidden: Vec<f32>,
 }
 
@@ -122,16 +137,18 @@ impl PrefixStore {
         }
     }
 
-    /// Tokens of `prompt`'s longest cached prefix (whole blocks), without touching it.
-    pub fn cached_prefix(&self, prompt: &[u32]) -> usize {
+    /// Tokens of `prompt`'s longest cached prefix it can load (whole blocks), without
+    /// touching it.
+    pub fn cached_prefix(&self, prompt: Prompt) -> usize {
         self.chain(prompt).len() * BLOCK_TOKENS
     }
 
-    /// Loads the longest cached prefix of `prompt`, at most `limit` tokens, into the empty
-    /// `cache` and returns its hidden rows. The last block may be loaded in part.
+    /// Loads the longest cached prefix of `prompt` it can load, at most `limit` tokens, into
+    /// the empty `cache`, with its hidden rows if `prompt` is scored. The last block may be
+    /// loaded in part.
     pub fn load(
         &mut self,
-        prompt: &[u32],
+        prompt: Prompt,
         limit: usize,
         cache: &mut SeqCache,
     ) -> candle_core::Result<LoadedPrefix> {
@@ -147,10 +164,16 @@ impl PrefixStore {
             if take == 0 {
                 continue;
             }
+            if prompt.scored {
+                // `chain` stops before a block without hidden rows.
+                let Some(hidden) = &block.hidden else {
+                    break;
+                };
+                loaded
+                    .hidden
+                    .extend_from_slice(&hidden[..take * self.hidden_size]);
+            }
             cache.append_rows(&block.kv, take)?;
-            loaded
-                .hidden
-                .extend_from_slice(&block.hidden[..take * self.hidden_size]);
             loaded.tokens += take;
         }
         self.hit_tokens += loaded.tokens as u64;
@@ -159,10 +182,11 @@ impl PrefixStore {
 
     /// Caches the whole blocks of `prompt` not cached yet, keeping the store within `room`
     /// tokens by evicting the least recently used; `rows(start)` copies out the block that
-    /// starts at position `start`. Returns the tokens evicted.
+    /// starts at position `start`. A scored prompt also gives its hidden rows to cached
+    /// blocks that lack them. Returns the tokens evicted.
     pub fn store(
         &mut self,
-        prompt: &[u32],
+        prompt: Prompt,
         room: usize,
         mut rows: impl FnMut(usize) -> Option<BlockRows>,
     ) -> usize {
@@ -172,7 +196,7 @@ impl PrefixStore {
         let tick = self.tick();
         let mut evicted = 0;
         let mut parent = None;
-        for (depth, tokens) in prompt.chunks_exact(BLOCK_TOKENS).enumerate() {
+        for (depth, tokens) in prompt.tokens.chunks_exact(BLOCK_TOKENS).enumerate() {
             let Ok(tokens) = <[u32; BLOCK_TOKENS]>::try_from(tokens) else {
                 break;
             };
@@ -180,6 +204,9 @@ impl PrefixStore {
             if let Some(&id) = self.index.get(&key) {
                 self.touch(id, tick);
                 parent = Some(id);
+                if prompt.scored {
+                    self.add_hidden(id, || rows(depth * BLOCK_TOKENS));
+                }
                 continue;
             }
             // Room comes from blocks used before this call, never from this chain.
@@ -207,6 +234,16 @@ impl PrefixStore {
             parent = Some(id);
         }
         evicted
+    }
+
+    /// Gives block `id` the hidden rows of `rows()` if it has none: the same positions
+    /// after the same prefix, so the same bits as if its first request had computed them.
+    fn add_hidden(&mut self, id: BlockId, rows: impl FnOnce() -> Option<BlockRows>) {
+        if let Some(block) = self.blocks.get_mut(&id) {
+            if block.hidden.is_none() {
+                block.hidden = rows().and_then(|r| r.hidden);
+            }
+        }
     }
 
     /// Evicts least recently used blocks until at most `max_tokens` are cached; returns
@@ -242,24 +279,30 @@ impl PrefixStore {
         self.lru.clear();
     }
 
-    /// The cached blocks that cover `prompt` from its start, outermost first.
-    fn chain(&self, prompt: &[u32]) -> Vec<BlockId> {
+    /// The cached blocks that cover `prompt` from its start, outermost first; for a
+    /// scored prompt, up to the first without hidden rows.
+    fn chain(&self, prompt: Prompt) -> Vec<BlockId> {
         let mut chain = Vec::new();
         if !self.enabled {
             return chain;
         }
         let mut parent = None;
-        for tokens in prompt.chunks_exact(BLOCK_TOKENS) {
+        for tokens in prompt.tokens.chunks_exact(BLOCK_TOKENS) {
             let Ok(tokens) = <[u32; BLOCK_TOKENS]>::try_from(tokens) else {
                 break;
             };
-            match self.index.get(&BlockKey { parent, tokens }) {
-                Some(&id) => {
-                    chain.push(id);
-                    parent = Some(id);
-                }
-                None => break,
+            let Some(&id) = self.index.get(&BlockKey { parent, tokens }) else {
+                break;
+            };
+            let usable = self
+                .blocks
+                .get(&id)
+                .is_some_and(|b| !prompt.scored || b.hidden.is_some());
+            if !usable {
+                break;
             }
+            chain.push(id);
+            parent = Some(id);
         }
         chain
     }
@@ -279,13 +322,14 @@ impl PrefixStore {
 }
 
 /// Splits a new batch into two waves: a request waits for the second when an earlier
-/// first-wave request of the same batch will compute at least half a block more of its
+/// first-wave request of the same batch will store at least half a block more of its
 /// prompt than the store holds now, so requests that arrive together (a query scored
 /// against many items, one context with many endings) compute their shared prefix once.
-/// `limit(i)` is the most of prompt i that may be loaded.
+/// `limit(i)` is the most of prompt i that may be loaded. A scored prompt gains nothing
+/// from a prompt that is not (its blocks have no hidden rows).
 pub fn second_wave(
     store: &PrefixStore,
-    prompts: &[&[u32]],
+    prompts: &[Prompt],
     limit: impl Fn(usize) -> usize,
 ) -> Vec<bool> {
     let mut first: Vec<usize> = Vec::new();
@@ -294,10 +338,11 @@ pub fn second_wave(
         return wait;
     }
     for (i, prompt) in prompts.iter().enumerate() {
-        let cached = store.cached_prefix(prompt).min(limit(i));
+        let cached = store.cached_prefix(*prompt).min(limit(i));
         let shared = first
             .iter()
-            .map(|&j| shared_blocks(prompt, prompts[j]) * BLOCK_TOKENS)
+            .filter(|&&j| prompts[j].scored || !prompt.scored)
+            .map(|&j| shared_blocks(prompt.tokens, prompts[j].tokens) * BLOCK_TOKENS)
             .max()
             .unwrap_or(0)
             .min(limit(i));

@@ -14,8 +14,27 @@ fn rows(start: usize) -> Option<BlockRows> {
             rows: B,
             head_dim: 1,
         },
-        hidden: vec![start as f32; B],
+        hidden: Some(vec![start as f32; B]),
     })
+}
+
+/// What a step that does not score its prompt stores: keys and values alone.
+fn kv_only(start: usize) -> Option<BlockRows> {
+    rows(start).map(|r| BlockRows { hidden: None, ..r })
+}
+
+fn scored(tokens: &[u32]) -> Prompt<'_> {
+    Prompt {
+        tokens,
+        scored: true,
+    }
+}
+
+fn plain(tokens: &[u32]) -> Prompt<'_> {
+    Prompt {
+        tokens,
+        scored: false,
+    }
 }
 
 /// `blocks` whole blocks of tokens, block i made of token `first + i`.
@@ -31,23 +50,23 @@ fn prompt(first: u32, blocks: usize, tail: usize) -> Vec<u32> {
 fn whole_blocks_are_cached_and_matched_exactly() {
     let mut store = PrefixStore::new(true, 1);
     let p = prompt(100, 3, 5);
-    assert_eq!(store.store(&p, 1_000, rows), 0);
+    assert_eq!(store.store(scored(&p), 1_000, rows), 0);
     assert_eq!(
         store.tokens(),
         3 * B,
         "the 5-token tail is not a whole block"
     );
-    assert_eq!(store.cached_prefix(&p), 3 * B);
+    assert_eq!(store.cached_prefix(scored(&p)), 3 * B);
     // Same first two blocks, different third: two match.
     let mut q = prompt(100, 2, 0);
     q.extend(prompt(500, 1, 0));
-    assert_eq!(store.cached_prefix(&q), 2 * B);
+    assert_eq!(store.cached_prefix(scored(&q)), 2 * B);
     // One token differs in the first block: nothing matches.
     let mut r = p.clone();
     r[3] += 1;
-    assert_eq!(store.cached_prefix(&r), 0);
+    assert_eq!(store.cached_prefix(scored(&r)), 0);
     // Storing q adds only its new block.
-    store.store(&q, 1_000, rows);
+    store.store(scored(&q), 1_000, rows);
     assert_eq!(store.tokens(), 4 * B);
 }
 
@@ -56,10 +75,10 @@ fn the_same_blocks_after_a_different_parent_are_different_blocks() {
     let mut store = PrefixStore::new(true, 1);
     let mut a = prompt(1, 1, 0);
     a.extend(prompt(9, 1, 0));
-    store.store(&a, 1_000, rows);
+    store.store(scored(&a), 1_000, rows);
     let mut b = prompt(2, 1, 0);
     b.extend(prompt(9, 1, 0));
-    assert_eq!(store.cached_prefix(&b), 0);
+    assert_eq!(store.cached_prefix(scored(&b)), 0);
 }
 
 #[test]
@@ -67,21 +86,21 @@ fn the_store_keeps_to_its_room_evicting_least_recently_used_leaves_first() {
     let mut store = PrefixStore::new(true, 1);
     let a = prompt(100, 2, 0);
     let b = prompt(200, 2, 0);
-    store.store(&a, 4 * B, rows);
-    store.store(&b, 4 * B, rows);
+    store.store(scored(&a), 4 * B, rows);
+    store.store(scored(&b), 4 * B, rows);
     assert_eq!(store.tokens(), 4 * B);
     // a is the least recently used; a third prompt needs one block of room.
     let c = prompt(300, 1, 0);
-    assert_eq!(store.store(&c, 4 * B, rows), B);
+    assert_eq!(store.store(scored(&c), 4 * B, rows), B);
     // a's deeper block left first, so a still matches its first block.
-    assert_eq!(store.cached_prefix(&a), B);
-    assert_eq!(store.cached_prefix(&b), 2 * B);
-    assert_eq!(store.cached_prefix(&c), B);
+    assert_eq!(store.cached_prefix(scored(&a)), B);
+    assert_eq!(store.cached_prefix(scored(&b)), 2 * B);
+    assert_eq!(store.cached_prefix(scored(&c)), B);
     // Touching a makes b the oldest.
-    store.store(&a, 1_000, |_| None);
+    store.store(scored(&a), 1_000, |_| None);
     assert_eq!(store.evict_to(2 * B), 2 * B);
-    assert_eq!(store.cached_prefix(&b), 0);
-    assert_eq!(store.cached_prefix(&a), B);
+    assert_eq!(store.cached_prefix(scored(&b)), 0);
+    assert_eq!(store.cached_prefix(scored(&a)), B);
     assert_eq!(store.stats().evicted_tokens, 3 * B as u64);
 }
 
@@ -89,21 +108,21 @@ fn the_store_keeps_to_its_room_evicting_least_recently_used_leaves_first() {
 fn a_chain_too_long_for_the_room_stops_without_orphans() {
     let mut store = PrefixStore::new(true, 1);
     let long = prompt(1, 5, 0);
-    store.store(&long, 3 * B, rows);
+    store.store(scored(&long), 3 * B, rows);
     // It does not evict its own blocks to go on: it stops at three, all reachable.
     assert_eq!(store.tokens(), 3 * B);
-    assert_eq!(store.cached_prefix(&long), 3 * B);
+    assert_eq!(store.cached_prefix(scored(&long)), 3 * B);
 }
 
 #[test]
 fn no_room_caches_nothing_and_off_caches_nothing() {
     let mut store = PrefixStore::new(true, 1);
-    store.store(&prompt(1, 2, 0), B - 1, rows);
+    store.store(scored(&prompt(1, 2, 0)), B - 1, rows);
     assert_eq!(store.tokens(), 0);
     let mut off = PrefixStore::new(false, 1);
-    off.store(&prompt(1, 2, 0), 1_000, rows);
+    off.store(scored(&prompt(1, 2, 0)), 1_000, rows);
     assert_eq!(off.tokens(), 0);
-    assert_eq!(off.cached_prefix(&prompt(1, 2, 0)), 0);
+    assert_eq!(off.cached_prefix(scored(&prompt(1, 2, 0))), 0);
 }
 
 #[test]
@@ -117,15 +136,15 @@ fn requests_sharing_a_prefix_with_an_earlier_one_wait_for_the_second_wave() {
     };
     let (a, b, c) = (with(5), with(6), with(7));
     let other = prompt(50, 4, 2);
-    let prompts: Vec<&[u32]> = vec![&a, &other, &b, &c];
-    let limit = |i: usize| prompts[i].len() - 1;
+    let prompts = vec![scored(&a), scored(&other), scored(&b), scored(&c)];
+    let limit = |i: usize| prompts[i].tokens.len() - 1;
     assert_eq!(
         second_wave(&store, &prompts, limit),
         vec![false, false, true, true]
     );
     // Once the store holds the context, nobody waits.
     let mut warm = PrefixStore::new(true, 1);
-    warm.store(&a, 1_000, rows);
+    warm.store(scored(&a), 1_000, rows);
     assert_eq!(
         second_wave(&warm, &prompts, limit),
         vec![false, false, false, false]
@@ -140,8 +159,54 @@ fn a_request_that_would_gain_less_than_half_a_block_does_not_wait() {
     let store = PrefixStore::new(true, 1);
     let a = prompt(1, 1, 0);
     let b = prompt(1, 1, 0);
-    let prompts: Vec<&[u32]> = vec![&a, &b];
+    let prompts = vec![scored(&a), scored(&b)];
     // b may load at most 6 of the 16 shared tokens (its prompt is the block itself).
     assert_eq!(second_wave(&store, &prompts, |_| 6), vec![false, false]);
     assert_eq!(second_wave(&store, &prompts, |_| 8), vec![false, true]);
+}
+
+#[test]
+fn blocks_without_hidden_rows_serve_only_prompts_that_are_not_scored() {
+    let mut store = PrefixStore::new(true, 1);
+    let p = prompt(100, 3, 0);
+    store.store(plain(&p), 1_000, kv_only);
+    assert_eq!(store.tokens(), 3 * B);
+    assert_eq!(store.cached_prefix(plain(&p)), 3 * B);
+    assert_eq!(
+        store.cached_prefix(scored(&p)),
+        0,
+        "a scored prompt needs hidden rows"
+    );
+    // A scored prompt sharing the first block stores its own second block; its rows give
+    // the shared first block the hidden rows it lacked.
+    let mut q = prompt(100, 1, 0);
+    q.extend(prompt(500, 1, 0));
+    store.store(scored(&q), 1_000, rows);
+    assert_eq!(store.tokens(), 4 * B);
+    assert_eq!(store.cached_prefix(scored(&q)), 2 * B);
+    assert_eq!(
+        store.cached_prefix(scored(&p)),
+        B,
+        "p's second block still has none"
+    );
+    assert_eq!(store.cached_prefix(plain(&p)), 3 * B);
+}
+
+#[test]
+fn a_scored_prompt_does_not_wait_for_a_plain_one() {
+    let store = PrefixStore::new(true, 1);
+    let ctx = prompt(1, 4, 0);
+    let with = |tail: u32| {
+        let mut p = ctx.clone();
+        p.extend([tail; 3]);
+        p
+    };
+    let (a, b, c) = (with(5), with(6), with(7));
+    // b gains nothing from a's blocks (no hidden rows); c, plain, gains from b's.
+    let prompts = vec![plain(&a), scored(&b), plain(&c)];
+    let limit = |i: usize| prompts[i].tokens.len() - 1;
+    assert_eq!(
+        second_wave(&store, &prompts, limit),
+        vec![false, false, true]
+    );
 }

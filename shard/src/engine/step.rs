@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use candle_core::{Storage, Tensor};
 
-use super::prefix::{BlockRows, LoadedPrefix, BLOCK_TOKENS};
+use super::prefix::{BlockRows, LoadedPrefix, Prompt, BLOCK_TOKENS};
 use super::scoring::{first_prompt_token, Scorer};
 use super::sequence::Sequence;
 use super::speculation::{take_verified, Verify};
@@ -17,7 +17,8 @@ use crate::model::{Model, SeqCache, SeqSpan, StepInput};
 
 impl Engine {
     /// One prefill forward pass: each sequence first loads its prompt's cached prefix,
-    /// the pass computes the rest, and the whole blocks it computed are cached.
+    /// the pass computes the rest, and the whole blocks it computed are cached. A
+    /// sequence that does not score its prompt gets back its last position's row alone.
     pub(super) fn prefill_step(
         &mut self,
         seqs: &mut [Sequence],
@@ -28,7 +29,10 @@ impl Engine {
         let loaded = seqs
             .iter_mut()
             .zip(prompts)
-            .map(|(seq, p)| self.prefix.load(p, p.len() - 1, &mut seq.cache))
+            .map(|(seq, p)| {
+                let prompt = cache_view(seq, p);
+                self.prefix.load(prompt, p.len() - 1, &mut seq.cache)
+            })
             .collect::<candle_core::Result<Vec<_>>>()?;
         let mut spans = Vec::with_capacity(seqs.len());
         let mut tokens = Vec::new();
@@ -40,10 +44,45 @@ impl Engine {
             });
             tokens.extend_from_slice(computed);
         }
-        let hidden = run_model(&self.model, seqs, &tokens, &spans)?;
+        // Every computed row of a prompt to score, else its last.
+        let returned: Vec<usize> = seqs
+            .iter()
+            .zip(&spans)
+            .map(|(seq, span)| {
+                if seq.scores.prefill_logprobs {
+                    span.len
+                } else {
+                    1
+                }
+            })
+            .collect();
+        let hidden = run_model(
+            &self.model,
+            seqs,
+            StepInput {
+                tokens: &tokens,
+                spans: &spans,
+                returned: Some(&returned),
+            },
+        )?;
+        let mut start = 0;
+        let out: Vec<SeqSpan> = returned
+            .iter()
+            .map(|&len| {
+                start += len;
+                SeqSpan {
+                    start: start - len,
+                    len,
+                }
+            })
+            .collect();
         let rows = PromptRows {
             step: &hidden,
-            spans: &spans,
+            spans: seqs
+                .iter()
+                .zip(&out)
+                .map(|(seq, span)| seq.scores.prefill_logprobs.then_some(*span))
+                .collect(),
             loaded: &loaded,
             hidden_size: self.model.spec().hidden_size,
         };
@@ -52,10 +91,7 @@ impl Engine {
         let plain: Vec<usize> = (0..seqs.len())
             .filter(|&i| !seqs[i].scores.prefill_logprobs)
             .collect();
-        let last_rows: Vec<u32> = plain
-            .iter()
-            .map(|&i| (spans[i].start + spans[i].len - 1) as u32)
-            .collect();
+        let last_rows: Vec<u32> = plain.iter().map(|&i| out[i].start as u32).collect();
         let plain_logits = if last_rows.is_empty() {
             Vec::new()
         } else {
@@ -99,10 +135,10 @@ impl Engine {
         let step: Vec<f32> = rows.step.flatten_all()?.to_vec1()?;
         for (i, (seq, prompt)) in seqs.iter().zip(prompts).enumerate() {
             let room = self.unreserved();
-            self.prefix.store(prompt, room, |start| {
+            self.prefix.store(cache_view(seq, prompt), room, |start| {
                 Some(BlockRows {
                     kv: seq.cache.copy_rows(start, BLOCK_TOKENS)?,
-                    hidden: rows.host_rows(i, &step, start..start + BLOCK_TOKENS)?,
+                    hidden: rows.host_rows(i, &step, start..start + BLOCK_TOKENS),
                 })
             });
         }
@@ -171,7 +207,12 @@ impl Engine {
             tokens.push(seq.last_token);
             tokens.extend_from_slice(draft);
         }
-        let hidden = run_model(&self.model, seqs, &tokens, &spans)?;
+        let input = StepInput {
+            tokens: &tokens,
+            spans: &spans,
+            returned: None,
+        };
+        let hidden = run_model(&self.model, seqs, input)?;
         let vocab = self.facts.vocab_size;
         let generations = with_logits(&self.model, &hidden, |logits| {
             check_rows(logits, tokens.len(), vocab)?;
@@ -224,11 +265,21 @@ pub(super) fn generate(
     })
 }
 
+/// A sequence's prompt as the prefix cache sees it.
+fn cache_view<'p>(seq: &Sequence, prompt: &'p [u32]) -> Prompt<'p> {
+    Prompt {
+        tokens: prompt,
+        scored: seq.scores.prefill_logprobs,
+    }
+}
+
 /// Where each prompt position's final hidden row is: loaded from the cache, or computed
 /// by this step.
 struct PromptRows<'a> {
     step: &'a Tensor,
-    spans: &'a [SeqSpan],
+    /// Where each prompt's computed rows are in `step`; None for a prompt the step
+    /// returned only the last row of.
+    spans: Vec<Option<SeqSpan>>,
     loaded: &'a [LoadedPrefix],
     hidden_size: usize,
 }
@@ -236,7 +287,11 @@ struct PromptRows<'a> {
 impl PromptRows<'_> {
     /// Every position of prompt `i`, \[prompt, hidden\].
     fn prompt(&self, i: usize) -> Result<Tensor, EngineError> {
-        let span = self.spans[i];
+        let Some(span) = self.spans.get(i).copied().flatten() else {
+            return Err(EngineError::Scoring(format!(
+                "the step kept no prompt rows of sequence {i}"
+            )));
+        };
         let computed = self.step.narrow(0, span.start, span.len)?;
         let cached = &self.loaded[i];
         if cached.tokens == 0 {
@@ -251,11 +306,11 @@ impl PromptRows<'_> {
     }
 
     /// Positions `positions` of prompt `i` from the host copy `step` of the step's rows;
-    /// None if the prompt has no such positions.
+    /// None if the prompt has no such positions or the step did not keep its rows.
     fn host_rows(&self, i: usize, step: &[f32], positions: Range<usize>) -> Option<Vec<f32>> {
         let h = self.hidden_size;
         let cached = self.loaded.get(i)?;
-        let span = self.spans.get(i)?;
+        let span = self.spans.get(i).copied().flatten()?;
         let mut out = Vec::with_capacity(positions.len() * h);
         for pos in positions {
             let row = match pos.checked_sub(cached.tokens) {
@@ -275,11 +330,10 @@ impl PromptRows<'_> {
 fn run_model(
     model: &Model,
     seqs: &mut [Sequence],
-    tokens: &[u32],
-    spans: &[SeqSpan],
+    input: StepInput,
 ) -> Result<Tensor, EngineError> {
     let mut caches: Vec<&mut SeqCache> = seqs.iter_mut().map(|s| &mut s.cache).collect();
-    Ok(model.forward(&StepInput { tokens, spans }, &mut caches)?)
+    Ok(model.forward(&input, &mut caches)?)
 }
 
 /// Logits of hidden rows, flattened row-major (\[rows × vocab\]) on the host.

@@ -65,20 +65,47 @@ pub struct StepQkv<'a> {
 }
 
 /// One layer of a step, as both attention kernels see it: the sequences' rows
-/// (`spans[i]` of the packed rows is sequence `i`'s), their caches (`caches[i]` is
-/// sequence `i`'s) and the layer's index in them.
+/// (`spans[i]` of the packed rows is sequence `i`'s), the rows that query
+/// (`queries[i]` of the packed queries and outputs: the last `queries[i].len` rows of
+/// `spans[i]`, all of them but in a last layer that returns fewer), their caches
+/// (`caches[i]` is sequence `i`'s) and the layer's index in them.
 pub struct AttnStep<'s, 'c> {
     pub spans: &'s [SeqSpan],
+    pub queries: &'s [SeqSpan],
     pub caches: &'s mut [&'c mut SeqCache],
     pub layer: usize,
 }
 
+impl AttnStep<'_, '_> {
+    /// Checks that each sequence's queries are some of its rows; returns the packed
+    /// query rows.
+    fn query_rows(&self) -> Result<usize> {
+        let fits = self.queries.len() == self.spans.len()
+            && self
+                .queries
+                .iter()
+                .zip(self.spans)
+                .all(|(q, s)| q.len <= s.len);
+        if !fits {
+            candle_core::bail!("attention: the queries are not rows of the step's sequences");
+        }
+        Ok(self
+            .queries
+            .iter()
+            .map(|q| q.start + q.len)
+            .max()
+            .unwrap_or(0))
+    }
+}
+
 /// Appends the step's keys and values to each sequence's cache of the layer (the model
-/// checked that they fit), then returns the attention output
-/// `[tokens, num_heads * head_dim]`.
+/// checked that they fit), then returns the attention output of the query rows
+/// `[queries, num_heads * head_dim]`.
 pub fn host_attention(params: AttnParams, qkv: &StepQkv, step: AttnStep) -> Result<Vec<f32>> {
+    let queries = step.query_rows()?;
     let AttnStep {
         spans,
+        queries: query_spans,
         caches,
         layer,
     } = step;
@@ -89,7 +116,7 @@ pub fn host_attention(params: AttnParams, qkv: &StepQkv, step: AttnStep) -> Resu
     } = params.shape;
     let n_rep = num_heads / num_kv_heads;
     let tokens = spans.iter().map(|s| s.start + s.len).max().unwrap_or(0);
-    if qkv.q.len() != tokens * num_heads * d || qkv.k.len() != tokens * num_kv_heads * d {
+    if qkv.q.len() != queries * num_heads * d || qkv.k.len() != tokens * num_kv_heads * d {
         candle_core::bail!("attention: q/k/v do not match the step's {tokens} tokens");
     }
 
@@ -111,11 +138,14 @@ pub fn host_attention(params: AttnParams, qkv: &StepQkv, step: AttnStep) -> Resu
     }
 
     // Read phase: on the compute team, each task some rows of one sequence for some heads.
-    let tasks = tasks(spans, params.shape);
+    let tasks = tasks(spans, query_spans, params.shape);
     let outs: Vec<OnceLock<Vec<f32>>> = tasks.iter().map(|_| OnceLock::new()).collect();
+    // Row t of sequence i's span (one of its last `query_spans[i].len`) is this row of
+    // the packed queries and outputs.
+    let query_row =
+        |i: usize, t: usize| query_spans[i].start + t - (spans[i].len - query_spans[i].len);
     let run = |i: usize| {
         let Task { seq, heads, rows } = tasks[i].clone();
-        let span = spans[seq];
         let (k, v, past, capacity) = layers[seq];
         let mut out = vec![0f32; heads.len() * rows.len() * d];
         // Every head of a task shares one KV head (see `tasks`).
@@ -132,7 +162,7 @@ pub fn host_attention(params: AttnParams, qkv: &StepQkv, step: AttnStep) -> Resu
         };
         group_attention(
             &params,
-            |head, t| &qkv.q[((span.start + t) * num_heads + head) * d..][..d],
+            |head, t| &qkv.q[(query_row(seq, t) * num_heads + head) * d..][..d],
             kv,
             rows,
         );
@@ -141,8 +171,9 @@ pub fn host_attention(params: AttnParams, qkv: &StepQkv, step: AttnStep) -> Resu
     };
     let work: usize = spans
         .iter()
+        .zip(query_spans)
         .zip(&layers)
-        .map(|(s, l)| s.len * (l.2 + s.len))
+        .map(|((s, q), l)| q.len * (l.2 + s.len))
         .sum::<usize>()
         * d
         * num_heads;
@@ -152,16 +183,15 @@ pub fn host_attention(params: AttnParams, qkv: &StepQkv, step: AttnStep) -> Resu
         (0..tasks.len()).for_each(run);
     }
 
-    let mut out = vec![0f32; tokens * num_heads * d];
+    let mut out = vec![0f32; queries * num_heads * d];
     for (task, o) in tasks.iter().zip(&outs) {
         let Some(o) = o.get() else {
             candle_core::bail!("attention: a task left no output");
         };
-        let start = spans[task.seq].start;
         let mut rows = o.chunks_exact(d);
         for head in task.heads.clone() {
             for (t, row) in task.rows.clone().zip(&mut rows) {
-                let dst = ((start + t) * num_heads + head) * d;
+                let dst = (query_row(task.seq, t) * num_heads + head) * d;
                 out[dst..dst + d].copy_from_slice(row);
             }
         }
@@ -169,7 +199,7 @@ pub fn host_attention(params: AttnParams, qkv: &StepQkv, step: AttnStep) -> Resu
     Ok(out)
 }
 
-/// One task of a layer's attention: some of one sequence's new rows (indices into its
+/// One task of a layer's attention: some of one sequence's query rows (indices into its
 /// span), for some of its query heads, all of one KV head.
 #[derive(Clone)]
 struct Task {
@@ -185,18 +215,18 @@ struct Task {
 /// (a few decode rows), a task takes one query head instead. Rows split into runs of
 /// `TASK_ROWS`. Either way a task's heads share one KV head (`group_attention` takes them
 /// together). None of this changes a result: each row of each head is computed alone.
-fn tasks(spans: &[SeqSpan], shape: HeadShape) -> Vec<Task> {
+fn tasks(spans: &[SeqSpan], queries: &[SeqSpan], shape: HeadShape) -> Vec<Task> {
     let n_rep = shape.num_heads / shape.num_kv_heads;
-    let runs: usize = spans.iter().map(|s| s.len.div_ceil(TASK_ROWS)).sum();
+    let runs: usize = queries.iter().map(|q| q.len.div_ceil(TASK_ROWS)).sum();
     let per_task = if runs * shape.num_kv_heads >= TASKS_PER_THREAD * Team::global().threads() {
         n_rep
     } else {
         1
     };
     let mut tasks = Vec::new();
-    for (seq, span) in spans.iter().enumerate() {
+    for (seq, (span, query)) in spans.iter().zip(queries).enumerate() {
         for first in (0..shape.num_heads).step_by(per_task) {
-            for row in (0..span.len).step_by(TASK_ROWS) {
+            for row in (span.len - query.len..span.len).step_by(TASK_ROWS) {
                 tasks.push(Task {
                     seq,
                     heads: first..first + per_task,

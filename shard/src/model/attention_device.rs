@@ -16,25 +16,36 @@ pub struct DeviceQkv<'a> {
     pub v: &'a Tensor,
 }
 
-/// The step's attention output `[tokens, heads * d]`; appends its keys and values to each
-/// sequence's cache of the layer.
+/// The step's attention output of the query rows `[queries, heads * d]` (`q` holds those
+/// rows alone, see [`AttnStep`]); appends its keys and values to each sequence's cache of
+/// the layer.
 pub fn device_attention(params: AttnParams, qkv: &DeviceQkv, step: AttnStep) -> Result<Tensor> {
     let DeviceQkv { q, k, v } = *qkv;
     let AttnStep {
         spans,
+        queries,
         caches,
         layer,
     } = step;
     let shape = params.shape;
     let n_rep = shape.num_heads / shape.num_kv_heads;
     let mut outs = Vec::with_capacity(spans.len());
-    for (span, cache) in spans.iter().zip(caches.iter()) {
+    for ((span, query), cache) in spans.iter().zip(queries).zip(caches.iter()) {
         let SeqSpan { start, len } = *span;
+        if query.len > len {
+            candle_core::bail!("attention: {} query rows of a span of {len}", query.len);
+        }
+        let rows = query.len;
+        // Its query rows are the span's last: the first at position past + skip.
         let past = cache.len();
-        // [len, heads, d] → [heads, len, d] → [kv_heads, n_rep * len, d].
-        let q = (q.narrow(0, start, len)?.transpose(0, 1)?.contiguous()?
+        let skip = len - rows;
+        // [rows, heads, d] → [heads, rows, d] → [kv_heads, n_rep * rows, d].
+        let q = (q
+            .narrow(0, query.start, rows)?
+            .transpose(0, 1)?
+            .contiguous()?
             * f64::from(params.scale))?
-        .reshape((shape.num_kv_heads, n_rep * len, shape.head_dim))?;
+        .reshape((shape.num_kv_heads, n_rep * rows, shape.head_dim))?;
         let k_new = k.narrow(0, start, len)?.transpose(0, 1)?.contiguous()?;
         let v_new = v.narrow(0, start, len)?.transpose(0, 1)?.contiguous()?;
         let (k_all, v_all) = cache.append_device(layer, &k_new, &v_new)?;
@@ -42,23 +53,24 @@ pub fn device_attention(params: AttnParams, qkv: &DeviceQkv, step: AttnStep) -> 
         if let Some(cap) = params.softcap {
             scores = ((scores / f64::from(cap))?.tanh()? * f64::from(cap))?;
         }
-        if let Some(mask) = mask(params, len, past, q.device())? {
+        if let Some(mask) = mask(params, rows, past + skip, q.device())? {
             scores = scores.broadcast_add(&mask)?;
         }
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let out = probs
             .matmul(&v_all)?
-            .reshape((shape.num_heads, len, shape.head_dim))?
+            .reshape((shape.num_heads, rows, shape.head_dim))?
             .transpose(0, 1)?
-            .reshape((len, shape.num_heads * shape.head_dim))?;
+            .reshape((rows, shape.num_heads * shape.head_dim))?;
         outs.push(out);
     }
     Tensor::cat(&outs, 0)
 }
 
-/// Additive mask `[n_rep * len, past + len]` (rows grouped per KV head: n_rep query heads
-/// × len positions): 0 where query `past + r` sees key `j`, -inf elsewhere. `None` when
-/// every query sees every key.
+/// Additive mask `[n_rep * len, past + len]` for `len` queries at positions `past..` and
+/// the keys up to the last (rows grouped per KV head: n_rep query heads × len positions):
+/// 0 where query `past + r` sees key `j`, -inf elsewhere. `None` when every query sees
+/// every key.
 fn mask(
     params: AttnParams,
     len: usize,

@@ -20,6 +20,12 @@
 //! ```
 //!
 //! then `logits = cap(output_norm(x)·Wout)`, with `Wout` the embedding when tied.
+//!
+//! A step returns the final rows its caller asks for (`StepInput::returned`): a prefill
+//! without prompt scores needs each prompt's last row only, so the last layer computes
+//! the keys and values of every row (later positions read them) but the queries,
+//! attention output, o and MLP of the returned rows alone (most of one layer of 18 on
+//! Gemma 3, of 30 on SmolLM2).
 
 use candle_core::{DType, Device, Result, Tensor};
 
@@ -45,6 +51,29 @@ pub struct SeqSpan {
 pub struct StepInput<'a> {
     pub tokens: &'a [u32],
     pub spans: &'a [SeqSpan],
+    /// How many of its last rows each sequence needs back (`None`: every row). Past its
+    /// keys and values, which later positions read, the last layer computes only those
+    /// (llama.cpp's `inp_out_ids`): a prefill without prompt scores needs one row.
+    pub returned: Option<&'a [usize]>,
+}
+
+/// The rows a step returns when it returns fewer than all: the last layer's queries,
+/// attention output, o and MLP are computed for these alone. Every kernel computes a row
+/// the same way whatever the other rows, so these rows are the bits of a full pass.
+struct Kept {
+    /// Each sequence's kept rows, packed: the last `len` rows of its span.
+    spans: Vec<SeqSpan>,
+    /// Their indices among the step's rows.
+    index: Tensor,
+    /// Each rope's tables at their positions.
+    tables: Vec<RopeTables>,
+}
+
+/// The rows a layer's attention works on: every row's rope tables (of the layer's rope),
+/// and the rows it computes queries and output for when not all (`Kept`).
+struct LayerRows<'a> {
+    tables: &'a RopeTables,
+    kept: Option<&'a Kept>,
 }
 
 /// Which attention kernel runs, chosen once at load with the cache layout.
@@ -126,8 +155,9 @@ impl Model {
         SeqCache::new(&self.spec, capacity, &layout)
     }
 
-    /// Runs one step and returns the final-normed hidden states \[tokens, hidden\].
-    /// `caches[i]` belongs to `input.spans[i]` and receives that span's keys and values.
+    /// Runs one step and returns the final-normed hidden states \[tokens, hidden\] of the
+    /// rows it returns (`input.returned`), in order. `caches[i]` belongs to
+    /// `input.spans[i]` and receives that span's keys and values.
     pub fn forward(&self, input: &StepInput, caches: &mut [&mut SeqCache]) -> Result<Tensor> {
         if caches.len() != input.spans.len() {
             candle_core::bail!(
@@ -164,16 +194,27 @@ impl Model {
             .iter()
             .map(|r| r.tables(&positions, &self.device))
             .collect::<Result<Vec<_>>>()?;
+        let kept = self.kept(input, &positions)?;
 
         let mut xs = self.embedding.forward(input.tokens, &self.device)?;
         for (i, layer) in self.layers.iter().enumerate() {
+            let rows = LayerRows {
+                tables: &tables[layer.rope],
+                kept: kept.as_ref().filter(|_| i + 1 == self.layers.len()),
+            };
             let h = layer.attn_norm.forward(&xs)?;
             let step = AttnStep {
                 spans: input.spans,
+                queries: rows.kept.map_or(input.spans, |r| &r.spans),
                 caches: &mut *caches,
                 layer: i,
             };
-            let a = self.attend(&h, &tables[layer.rope], step)?;
+            let kept_index = rows.kept.map(|r| &r.index);
+            let a = self.attend(&h, step, rows)?;
+            if let Some(index) = kept_index {
+                // The residual stream goes on with the kept rows alone.
+                xs = xs.index_select(index, 0)?;
+            }
             let a = apply_norm(layer.post_attn_norm.as_ref(), a)?;
             xs = elementwise::add(&xs, &a)?;
             let h = layer.ffn_norm.forward(&xs)?;
@@ -186,6 +227,47 @@ impl Model {
         self.norm.forward(&xs)
     }
 
+    /// The rows `input.returned` keeps, or None when it keeps every row.
+    fn kept(&self, input: &StepInput, positions: &[usize]) -> Result<Option<Kept>> {
+        let Some(returned) = input.returned else {
+            return Ok(None);
+        };
+        if returned.len() != input.spans.len() {
+            candle_core::bail!(
+                "{} returned counts for {} sequences",
+                returned.len(),
+                input.spans.len()
+            );
+        }
+        if returned.iter().zip(input.spans).all(|(&n, s)| n == s.len) {
+            return Ok(None);
+        }
+        let mut spans = Vec::with_capacity(returned.len());
+        let mut rows = Vec::new();
+        for (&n, span) in returned.iter().zip(input.spans) {
+            if n == 0 || n > span.len {
+                candle_core::bail!("a sequence returns {n} of its {} rows", span.len);
+            }
+            spans.push(SeqSpan {
+                start: rows.len(),
+                len: n,
+            });
+            rows.extend(span.start + span.len - n..span.start + span.len);
+        }
+        let at: Vec<usize> = rows.iter().map(|&r| positions[r]).collect();
+        let tables = self
+            .ropes
+            .iter()
+            .map(|r| r.tables(&at, &self.device))
+            .collect::<Result<Vec<_>>>()?;
+        let index: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        Ok(Some(Kept {
+            spans,
+            index: Tensor::new(index, &self.device)?,
+            tables,
+        }))
+    }
+
     /// Output logits for rows of final hidden states: \[rows, hidden\] → \[rows, vocab\].
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let logits = self.lm_head.forward(hidden)?.to_dtype(DType::F32)?;
@@ -196,33 +278,44 @@ impl Model {
     }
 
     /// The attention sublayer of layer `step.layer`: projections, q/k norms, rope,
-    /// attention, o.
-    fn attend(&self, h: &Tensor, tables: &RopeTables, step: AttnStep) -> Result<Tensor> {
+    /// attention, o. Keys and values come from every row of `h`; queries and the output
+    /// from the `kept` rows alone when given (`tables` are every row's).
+    fn attend(&self, h: &Tensor, step: AttnStep, rows: LayerRows) -> Result<Tensor> {
+        let LayerRows { tables, kept } = rows;
         let layer = &self.layers[step.layer];
         let n = h.dim(0)?;
         let shape = layer.attn.shape;
-        let (q, k, v) = match &layer.qkv {
-            Qkv::Separate { q, k, v } => {
+        let (q, k, v) = match (&layer.qkv, kept) {
+            (Qkv::Separate { q, k, v }, None) => {
                 let [q, k, v] = Linear::forward_same([q, k, v], h)?;
                 (q, k, v)
             }
-            Qkv::Fused(qkv) => {
+            (Qkv::Separate { q, k, v }, Some(rows)) => {
+                let [k, v] = Linear::forward_same([k, v], h)?;
+                (q.forward(&h.index_select(&rows.index, 0)?)?, k, v)
+            }
+            (Qkv::Fused(qkv), _) => {
                 let y = qkv.forward(h)?;
                 let (qw, kw) = (self.spec.q_width(), self.spec.kv_width());
+                let q = y.narrow(1, 0, qw)?.contiguous()?;
                 (
-                    y.narrow(1, 0, qw)?.contiguous()?,
+                    match kept {
+                        Some(rows) => q.index_select(&rows.index, 0)?,
+                        None => q,
+                    },
                     y.narrow(1, qw, kw)?.contiguous()?,
                     y.narrow(1, qw + kw, kw)?.contiguous()?,
                 )
             }
         };
-        let q = q.reshape((n, shape.num_heads, shape.head_dim))?;
+        let queries = q.dim(0)?;
+        let q = q.reshape((queries, shape.num_heads, shape.head_dim))?;
         let k = k.reshape((n, shape.num_kv_heads, shape.head_dim))?;
         let v = v.reshape((n, shape.num_kv_heads, shape.head_dim))?;
         let q = apply_norm(layer.q_norm.as_ref(), q)?;
         let k = apply_norm(layer.k_norm.as_ref(), k)?;
         let rope = &self.ropes[layer.rope];
-        let q = rope.apply(&q, tables)?;
+        let q = rope.apply(&q, kept.map_or(tables, |r| &r.tables[layer.rope]))?;
         let k = rope.apply(&k, tables)?;
         let out = match self.attention {
             AttentionKernel::Host => {
@@ -234,7 +327,8 @@ impl Model {
                     v: &v,
                 };
                 let out = host_attention(layer.attn, &qkv, step)?;
-                Tensor::from_vec(out, (n, shape.num_heads * shape.head_dim), &self.device)?
+                let width = shape.num_heads * shape.head_dim;
+                Tensor::from_vec(out, (queries, width), &self.device)?
             }
             AttentionKernel::Candle => {
                 let qkv = DeviceQkv {

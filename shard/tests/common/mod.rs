@@ -3,7 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use sonde_proto::WeightQuant;
 use sonde_shard::engine::types::{
@@ -149,4 +149,49 @@ pub fn run_one(engine: &mut Engine, req: Req) -> Outcome {
 /// Gemma 3 270M Q4_K_M, the second real model (`scripts/fetch-data gemma`).
 pub fn gemma3_path() -> PathBuf {
     sonde_testdata::path("models/gemma-3-270m-q4_k_m.gguf")
+}
+
+/// The generated tokens of `prompts` and every score of them, requested with prompt
+/// scores and without: a step that does not score a prompt computes its last layer at
+/// the last position alone (`StepInput::returned`), which must change no bit. The
+/// reference is every prompt scored in one batch, on an engine without the prefix cache.
+/// Then, on one with it, half the prompts score in a batch and the other half in the
+/// next, so each batch mixes both kinds and the second meets the blocks the first cached,
+/// with and without hidden rows.
+pub fn assert_prompt_scores_change_no_token(path: &Path, prompts: &[Vec<u32>]) {
+    let req = |i: usize, scored: bool| {
+        Req::new(i as u64, &prompts[i], 8).ignore_eos().scores(|s| {
+            s.prefill_logprobs = scored;
+            s.top_n_tokens = 3;
+            s.return_logits = true;
+            s.logprob_token_ids = vec![0, 1];
+        })
+    };
+    let n = prompts.len();
+    let mut cfg = config(16_384);
+    cfg.prefix_cache = false;
+    let opts = LoadOptions::cpu(WeightQuant::default());
+    let mut cold = engine_config(path, &opts, cfg);
+    let every = run_batch(&mut cold, 1, (0..n).map(|i| req(i, true)).collect());
+    let mut warm = engine(path, 16_384);
+    assert!(warm.prefix_caching());
+    let even = run_batch(&mut warm, 1, (0..n).map(|i| req(i, i % 2 == 0)).collect());
+    let odd = run_batch(&mut warm, 2, (0..n).map(|i| req(i, i % 2 == 1)).collect());
+    for i in 0..n as u64 {
+        let want = &every[&i];
+        assert_eq!(want.tokens.len(), 8, "prompt {i}");
+        assert_eq!(want.prefill.len(), prompts[i as usize].len(), "prompt {i}");
+        for (mixed, what) in [(&even[&i], "even"), (&odd[&i], "odd")] {
+            let scored = (i % 2 == 0) == (what == "even");
+            assert_eq!(
+                mixed.tokens, want.tokens,
+                "prompt {i}, {what} prompts scored"
+            );
+            if scored {
+                assert_eq!(mixed.prefill, want.prefill, "prompt {i}, {what} scored");
+            } else {
+                assert!(mixed.prefill.is_empty(), "prompt {i}");
+            }
+        }
+    }
 }
