@@ -44,18 +44,7 @@ impl Engine {
             });
             tokens.extend_from_slice(computed);
         }
-        // Every computed row of a prompt to score, else its last.
-        let returned: Vec<usize> = seqs
-            .iter()
-            .zip(&spans)
-            .map(|(seq, span)| {
-                if seq.scores.prefill_logprobs {
-                    span.len
-                } else {
-                    1
-                }
-            })
-            .collect();
+        let (returned, out) = returned_rows(seqs, &spans);
         let hidden = run_model(
             &self.model,
             seqs,
@@ -65,17 +54,6 @@ impl Engine {
                 returned: Some(&returned),
             },
         )?;
-        let mut start = 0;
-        let out: Vec<SeqSpan> = returned
-            .iter()
-            .map(|&len| {
-                start += len;
-                SeqSpan {
-                    start: start - len,
-                    len,
-                }
-            })
-            .collect();
         let rows = PromptRows {
             step: &hidden,
             spans: seqs
@@ -263,6 +241,28 @@ pub(super) fn generate(
         generated_tokens: seq.generated as u32,
         cached_prompt_tokens: 0,
     })
+}
+
+/// The rows a prefill returns of each sequence's span (every computed row of a prompt to
+/// score, else its last), and where they are in its output.
+fn returned_rows(seqs: &[Sequence], spans: &[SeqSpan]) -> (Vec<usize>, Vec<SeqSpan>) {
+    let mut out = Vec::with_capacity(spans.len());
+    let mut start = 0;
+    let returned = seqs
+        .iter()
+        .zip(spans)
+        .map(|(seq, span)| {
+            let len = if seq.scores.prefill_logprobs {
+                span.len
+            } else {
+                1
+            };
+            out.push(SeqSpan { start, len });
+            start += len;
+            len
+        })
+        .collect();
+    (returned, out)
 }
 
 /// A sequence's prompt as the prefix cache sees it.

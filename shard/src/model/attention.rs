@@ -79,7 +79,7 @@ pub struct AttnStep<'s, 'c> {
 impl AttnStep<'_, '_> {
     /// Checks that each sequence's queries are some of its rows; returns the packed
     /// query rows.
-    fn query_rows(&self) -> Result<usize> {
+    pub(super) fn query_rows(&self) -> Result<usize> {
         let fits = self.queries.len() == self.spans.len()
             && self
                 .queries

@@ -21,6 +21,7 @@ pub struct DeviceQkv<'a> {
 /// the layer.
 pub fn device_attention(params: AttnParams, qkv: &DeviceQkv, step: AttnStep) -> Result<Tensor> {
     let DeviceQkv { q, k, v } = *qkv;
+    step.query_rows()?;
     let AttnStep {
         spans,
         queries,
@@ -32,9 +33,6 @@ pub fn device_attention(params: AttnParams, qkv: &DeviceQkv, step: AttnStep) -> 
     let mut outs = Vec::with_capacity(spans.len());
     for ((span, query), cache) in spans.iter().zip(queries).zip(caches.iter()) {
         let SeqSpan { start, len } = *span;
-        if query.len > len {
-            candle_core::bail!("attention: {} query rows of a span of {len}", query.len);
-        }
         let rows = query.len;
         // Its query rows are the span's last: the first at position past + skip.
         let past = cache.len();
