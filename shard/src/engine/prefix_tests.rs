@@ -46,6 +46,16 @@ fn prompt(first: u32, blocks: usize, tail: usize) -> Vec<u32> {
     p
 }
 
+/// One context of 4 blocks with three different 3-token endings.
+fn endings() -> [Vec<u32>; 3] {
+    let ctx = prompt(1, 4, 0);
+    [5, 6, 7].map(|tail| {
+        let mut p = ctx.clone();
+        p.extend([tail; 3]);
+        p
+    })
+}
+
 #[test]
 fn whole_blocks_are_cached_and_matched_exactly() {
     let mut store = PrefixStore::new(true, 1);
@@ -128,13 +138,7 @@ fn no_room_caches_nothing_and_off_caches_nothing() {
 #[test]
 fn requests_sharing_a_prefix_with_an_earlier_one_wait_for_the_second_wave() {
     let store = PrefixStore::new(true, 1);
-    let ctx = prompt(1, 4, 0);
-    let with = |tail: u32| {
-        let mut p = ctx.clone();
-        p.extend([tail; 3]);
-        p
-    };
-    let (a, b, c) = (with(5), with(6), with(7));
+    let [a, b, c] = endings();
     let other = prompt(50, 4, 2);
     let prompts = vec![scored(&a), scored(&other), scored(&b), scored(&c)];
     let limit = |i: usize| prompts[i].tokens.len() - 1;
@@ -195,13 +199,7 @@ fn blocks_without_hidden_rows_serve_only_prompts_that_are_not_scored() {
 #[test]
 fn a_scored_prompt_does_not_wait_for_a_plain_one() {
     let store = PrefixStore::new(true, 1);
-    let ctx = prompt(1, 4, 0);
-    let with = |tail: u32| {
-        let mut p = ctx.clone();
-        p.extend([tail; 3]);
-        p
-    };
-    let (a, b, c) = (with(5), with(6), with(7));
+    let [a, b, c] = endings();
     // b gains nothing from a's blocks (no hidden rows); c, plain, gains from b's.
     let prompts = vec![plain(&a), scored(&b), plain(&c)];
     let limit = |i: usize| prompts[i].tokens.len() - 1;
