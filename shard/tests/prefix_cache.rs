@@ -12,10 +12,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use common::*;
-use sonde_proto::WeightQuant;
 use sonde_shard::engine::types::Batch;
-use sonde_shard::engine::{Engine, PREFIX_BLOCK_TOKENS as B};
-use sonde_shard::loader::LoadOptions;
+use sonde_shard::engine::PREFIX_BLOCK_TOKENS as B;
 use sonde_tokenizer::ModelTokenizer;
 
 const CONTEXT: &str = "Question: A farmer has 17 sheep. All but 9 run away. How many sheep \
@@ -29,16 +27,6 @@ const ENDINGS: [&str; 4] = [
     " 17 sheep, since none leave.",
     " 26",
 ];
-
-fn engines(path: &Path, budget: usize) -> (Engine, Engine) {
-    let opts = LoadOptions::cpu(WeightQuant::default());
-    let warm = engine_config(path, &opts, config(budget));
-    let mut cold_cfg = config(budget);
-    cold_cfg.prefix_cache = false;
-    let cold = engine_config(path, &opts, cold_cfg);
-    assert!(warm.prefix_caching() && !cold.prefix_caching());
-    (warm, cold)
-}
 
 fn tokens(path: &Path, text: &str) -> Vec<u32> {
     ModelTokenizer::from_gguf_file(path)
@@ -84,7 +72,7 @@ fn prompt_with(context: &[u32], ending: &[u32]) -> Vec<u32> {
 #[test]
 fn a_warm_prompt_scores_as_a_cold_one() {
     let path = gguf_path();
-    let (mut warm, mut cold) = engines(&path, 16_384);
+    let (mut warm, mut cold) = warm_and_cold(&path, 16_384);
     let ctx = tokens(&path, CONTEXT);
     assert!(ctx.len() > 4 * B, "the context spans several blocks");
     let ends: Vec<Vec<u32>> = ENDINGS
@@ -117,7 +105,7 @@ fn a_warm_prompt_scores_as_a_cold_one() {
 #[test]
 fn a_prompt_cached_whole_computes_only_its_last_token() {
     let path = gguf_path();
-    let (mut warm, mut cold) = engines(&path, 16_384);
+    let (mut warm, mut cold) = warm_and_cold(&path, 16_384);
     let ctx = tokens(&path, CONTEXT);
     let prompt = &ctx[..3 * B];
     run_one(&mut warm, scored(1, prompt));
@@ -136,7 +124,7 @@ fn a_prompt_cached_whole_computes_only_its_last_token() {
 #[test]
 fn requests_arriving_together_share_their_prefix_and_score_as_alone() {
     let path = gguf_path();
-    let (mut warm, mut cold) = engines(&path, 16_384);
+    let (mut warm, mut cold) = warm_and_cold(&path, 16_384);
     let ctx = tokens(&path, CONTEXT);
     let other = tokens(
         &path,
@@ -180,7 +168,7 @@ fn requests_arriving_together_share_their_prefix_and_score_as_alone() {
 fn the_cache_gives_way_to_admission_under_the_budget() {
     let path = gguf_path();
     let budget = 24 * B;
-    let (mut warm, _) = engines(&path, budget);
+    let (mut warm, _) = warm_and_cold(&path, budget);
     // Cached while it runs, in the room it leaves: 8 whole blocks.
     let long: Vec<u32> = tokens(&path, CONTEXT)
         .into_iter()
@@ -218,7 +206,7 @@ fn the_cache_gives_way_to_admission_under_the_budget() {
 #[test]
 fn gemma3_sliding_window_layers_score_as_cold_across_the_cache_boundary() {
     let path = gemma3_path();
-    let (mut warm, mut cold) = engines(&path, 16_384);
+    let (mut warm, mut cold) = warm_and_cold(&path, 16_384);
     // Past the 512-token window: cached keys leave the window of computed positions.
     let ctx: Vec<u32> = tokens(&path, CONTEXT)
         .into_iter()

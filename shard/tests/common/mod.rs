@@ -44,6 +44,18 @@ pub fn config(budget: usize) -> EngineConfig {
     }
 }
 
+/// Two engines on the same model and budget, the first with the prefix cache and the
+/// second without.
+pub fn warm_and_cold(path: &Path, budget: usize) -> (Engine, Engine) {
+    let opts = LoadOptions::cpu(WeightQuant::default());
+    let warm = engine_config(path, &opts, config(budget));
+    let mut cold_cfg = config(budget);
+    cold_cfg.prefix_cache = false;
+    let cold = engine_config(path, &opts, cold_cfg);
+    assert!(warm.prefix_caching() && !cold.prefix_caching());
+    (warm, cold)
+}
+
 pub fn engine_config(path: &std::path::Path, opts: &LoadOptions, cfg: EngineConfig) -> Engine {
     let loaded = loader::load(path, opts)
         .unwrap_or_else(|e| panic!("{e} (run scripts/fetch-data and scripts/test)"));
@@ -168,13 +180,8 @@ pub fn assert_prompt_scores_change_no_token(path: &Path, prompts: &[Vec<u32>]) {
         })
     };
     let n = prompts.len();
-    let mut cfg = config(16_384);
-    cfg.prefix_cache = false;
-    let opts = LoadOptions::cpu(WeightQuant::default());
-    let mut cold = engine_config(path, &opts, cfg);
+    let (mut warm, mut cold) = warm_and_cold(path, 16_384);
     let every = run_batch(&mut cold, 1, (0..n).map(|i| req(i, true)).collect());
-    let mut warm = engine(path, 16_384);
-    assert!(warm.prefix_caching());
     let even = run_batch(&mut warm, 1, (0..n).map(|i| req(i, i % 2 == 0)).collect());
     let odd = run_batch(&mut warm, 2, (0..n).map(|i| req(i, i % 2 == 1)).collect());
     for i in 0..n as u64 {
