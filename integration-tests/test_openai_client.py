@@ -132,3 +132,38 @@ def test_chat_without_logprobs_has_none(client):
     assert c.choices[0].logprobs is None
     short = c.choices[0].message.content
     assert short and _chat(client).choices[0].message.content.startswith(short)
+
+
+GREEDY_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a village by the sea,",
+    "1, 2, 3, 4, 5, 6,",
+    "Photosynthesis is the process by which",
+    "The three primary colors are",
+]
+
+
+def test_greedy_text_is_the_same_with_and_without_logprobs(client, server):
+    """An answer that shows no logprob has its greedy tokens found from the output layer's
+    index, without every logit (docs/shard.md, "Greedy tokens without scores"): the same
+    tokens. Sent together, so the unscored and scored requests share decode steps."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def complete(prompt, logprobs):
+        c = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=32,
+                                      temperature=0, logprobs=logprobs)
+        return c.choices[0].text
+
+    def tgi(prompt, details):
+        return generate(server, prompt, max_new_tokens=32, details=details)["generated_text"]
+
+    with ThreadPoolExecutor(len(GREEDY_PROMPTS) * 4) as pool:
+        jobs = [(p, pool.submit(complete, p, None), pool.submit(complete, p, 1),
+                 pool.submit(tgi, p, False), pool.submit(tgi, p, True))
+                for p in GREEDY_PROMPTS]
+        for prompt, plain, scored, tgi_plain, tgi_scored in jobs:
+            text = scored.result()
+            assert text, prompt
+            assert plain.result() == text, prompt
+            assert tgi_plain.result() == tgi_scored.result() == text, prompt

@@ -39,6 +39,8 @@ pub struct ScoreRequest {
     pub mode: LogprobsMode,
     pub return_logits: bool,
     pub label_ids: Vec<u32>,
+    /// See `ScoreSpec::skip_token_logprobs`.
+    pub skip_token_logprobs: bool,
 }
 
 /// A request the shard can run as is: tokenized, truncated and within every limit.

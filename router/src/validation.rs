@@ -159,6 +159,7 @@ impl Validator {
                 mode: scores.mode.unwrap_or(l.default_logprobs_mode),
                 return_logits: scores.return_logits,
                 label_ids: scores.label_ids.iter().map(|&id| id as u32).collect(),
+                skip_token_logprobs: scores.skip_token_logprobs,
             },
         };
         Ok(ValidGenerate {

@@ -151,7 +151,7 @@ async fn prepare(
         fields.insert("parameters".to_string(), Value::Object(merged));
         let req: GenerateRequest = from_value(Value::Object(fields))?;
         not_streamed(req.stream)?;
-        let prepared = tgi::convert::prepare(ready, req).await?;
+        let prepared = tgi::convert::prepare(ready, req, false).await?;
         Ok(Instance::Generate(Box::new(prepared)))
     } else if fields.contains_key("messages") {
         let req: ChatRequest = from_value(Value::Object(fields))?;

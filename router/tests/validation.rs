@@ -61,7 +61,7 @@ fn validate_ids(
     ids: Vec<u32>,
     p: &GenerateParameters,
 ) -> Result<ValidGenerate, ApiError> {
-    let spec = p.to_spec(Prompt::Ids(ids.into_iter().map(i64::from).collect()))?;
+    let spec = p.to_spec(Prompt::Ids(ids.into_iter().map(i64::from).collect()), false)?;
     futures::executor::block_on(v.validate(spec)).map_err(|e| e.in_words(&TgiNames))
 }
 
@@ -294,7 +294,10 @@ fn default_max_new_tokens_fits_the_kv_budget() {
 }
 
 fn sampling(p: &GenerateParameters) -> Sampling {
-    p.to_spec(Prompt::Ids(vec![1])).unwrap().sampling.resolve()
+    p.to_spec(Prompt::Ids(vec![1]), false)
+        .unwrap()
+        .sampling
+        .resolve()
 }
 
 #[test]
@@ -354,10 +357,13 @@ async fn validate_tokenizes_with_special_tokens_as_asked() {
     let v = validator_with(limits());
     for add_special_tokens in [true, false] {
         let text = "Hello world".to_string();
-        let spec = params().to_spec(Prompt::Text {
-            text,
-            add_special_tokens,
-        });
+        let spec = params().to_spec(
+            Prompt::Text {
+                text,
+                add_special_tokens,
+            },
+            false,
+        );
         let valid = v.validate(spec.unwrap()).await.unwrap();
         let want = tokenizer()
             .encode("Hello world", add_special_tokens)
@@ -366,10 +372,13 @@ async fn validate_tokenizes_with_special_tokens_as_asked() {
     }
     // A bad parameter is reported before any tokenizing: this text would not tokenize
     // either (it is fine), but the error names `top_k`.
-    let spec = with!(top_k: Some(0)).to_spec(Prompt::Text {
-        text: "x".into(),
-        add_special_tokens: true,
-    });
+    let spec = with!(top_k: Some(0)).to_spec(
+        Prompt::Text {
+            text: "x".into(),
+            add_special_tokens: true,
+        },
+        false,
+    );
     let e = v.validate(spec.unwrap()).await.unwrap_err();
     assert_eq!(
         e.clone().in_words(&TgiNames).to_string(),
@@ -462,4 +471,24 @@ fn generation_i_samples_with_the_seed_plus_i() {
     // Greedy generations are the request itself.
     let greedy = ok_with(params());
     assert_eq!(greedy.generation(3), greedy.request);
+}
+
+/// A TGI answer leaves the generated tokens' logprobs out only where it shows none: a
+/// plain `/generate` answer (the text), never a stream (every event has its token's
+/// logprob), an answer with details or other scores, nor `best_of`, which ranks by them.
+#[test]
+fn tgi_skips_token_logprobs_only_where_the_answer_shows_none() {
+    let skips = |p: GenerateParameters, streamed: bool| {
+        p.to_spec(Prompt::Ids(vec![1]), streamed)
+            .unwrap()
+            .scores
+            .skip_token_logprobs
+    };
+    assert!(skips(params(), false));
+    assert!(!skips(params(), true));
+    assert!(!skips(with!(details: true), false));
+    assert!(!skips(with!(top_n_tokens: Some(2)), false));
+    assert!(!skips(with!(return_logits: true), false));
+    assert!(!skips(with!(logprob_token_ids: vec![3]), false));
+    assert!(!skips(with!(do_sample: true, best_of: Some(2)), false));
 }

@@ -60,6 +60,7 @@ fn request(r: pb::Request) -> Result<Request, EngineError> {
             logprobs_mode,
             return_logits: scores.return_logits,
             logprob_token_ids: scores.logprob_token_ids,
+            skip_token_logprobs: scores.skip_token_logprobs,
         },
     })
 }

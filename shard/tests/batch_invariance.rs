@@ -178,6 +178,25 @@ fn tokens_are_the_same_bits_with_and_without_prompt_scores() {
     }
 }
 
+/// Greedy tokens whose logprobs the answer does not show are the same tokens, found from
+/// the output layer's index (the GGUF's Q8_0 embedding) or, on the f32 path, which has
+/// none, from the full rows.
+#[test]
+fn unscored_greedy_tokens_are_the_scored_ones() {
+    let tok = ModelTokenizer::from_gguf_file(&gguf_path()).unwrap();
+    let prompts: Vec<Vec<u32>> = prompts(&tok).into_iter().step_by(2).collect();
+    assert!(common::engine(&gguf_path(), 1024).output_layer_has_greedy_index() || !vnni());
+    for path in [gguf_path(), hf_f32_path()] {
+        assert_unscored_tokens_are_the_scored_ones(&path, &prompts);
+    }
+}
+
+/// Whether this CPU runs the greedy index's kernel (AVX-512 VNNI and VBMI).
+fn vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avx512vnni")
+        && std::arch::is_x86_feature_detected!("avx512vbmi")
+}
+
 /// The wide copy of the Q4/Q5 matrices (read by every product of 10 rows or more, see
 /// docs/shard.md, "Weights") changes no bit: a batch of 32 with every score on, on an
 /// engine with it and on one without.

@@ -336,6 +336,7 @@ fn check_model(label: &str, model: &Path, reference: &Path) {
     eprintln!("{label}: {steps} greedy steps equal");
     let ids: Vec<Vec<u32>> = r.prompts.iter().map(|p| p.ids.clone()).collect();
     assert_prompt_scores_change_no_token(model, &ids);
+    assert_unscored_tokens_are_the_scored_ones(model, &ids);
     assert!(
         positions >= 200,
         "{label}: only {positions} scored positions"

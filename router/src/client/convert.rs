@@ -115,6 +115,7 @@ fn request(id: u64, r: &ValidRequest) -> pb::Request {
             logprobs_mode: r.scores.mode as i32,
             return_logits: r.scores.return_logits,
             logprob_token_ids: r.scores.label_ids.clone(),
+            skip_token_logprobs: r.scores.skip_token_logprobs,
         }),
     }
 }

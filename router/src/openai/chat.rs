@@ -84,6 +84,7 @@ pub(crate) async fn prepare(ready: &Ready, mut req: ChatRequest) -> Result<Prepa
     };
     let mut spec = shared.to_spec(prompt, max_tokens);
     spec.scores.top_n_tokens = req.top_logprobs;
+    spec.scores.skip_token_logprobs = !req.logprobs;
     let valid = ready
         .validator
         .validate(spec)

@@ -74,6 +74,7 @@ pub(crate) async fn prepare(
         let mut spec = shared.to_spec(prompt, Some(max_tokens));
         spec.scores.top_n_tokens = req.logprobs;
         spec.scores.prefill_logprobs = req.echo && req.logprobs.is_some();
+        spec.scores.skip_token_logprobs = req.logprobs.is_none();
         let named = |e: ApiError| {
             if multi {
                 e.context(&format!("prompt[{i}]"))

@@ -77,6 +77,10 @@ pub struct ScoreSpec {
     pub return_logits: bool,
     /// Ids whose logprobs are reported at every position.
     pub label_ids: Vec<i64>,
+    /// The answer shows no generated token's logprob, so the shard may leave it out (and
+    /// find a greedy token without every logit). False by default: only an API that
+    /// knows its answer will not show it sets it.
+    pub skip_token_logprobs: bool,
 }
 
 /// One request of any API, before validation.

@@ -17,8 +17,9 @@ impl FieldNames for TgiNames {
 }
 
 impl GenerateParameters {
-    /// Sonde's request for `prompt`, after the rules only TGI has.
-    pub fn to_spec(&self, prompt: Prompt) -> Result<GenerationSpec, ApiError> {
+    /// Sonde's request for `prompt`, after the rules only TGI has; `streamed`: answered
+    /// as a stream, whose every event shows its token's logprob.
+    pub fn to_spec(&self, prompt: Prompt, streamed: bool) -> Result<GenerationSpec, ApiError> {
         let sampling = SamplingSpec {
             do_sample: self.do_sample,
             temperature: self.temperature,
@@ -61,6 +62,11 @@ impl GenerateParameters {
                 mode: self.logprobs_mode,
                 return_logits: self.return_logits,
                 label_ids: self.logprob_token_ids.clone(),
+                // A plain answer is the text; best_of ranks its candidates by their
+                // tokens' logprobs.
+                skip_token_logprobs: !streamed
+                    && !self.wants_scores()
+                    && self.best_of.is_none_or(|b| b <= 1),
             },
             generations: self.best_of,
         })
@@ -92,13 +98,18 @@ impl Prepared {
     }
 }
 
-/// Validates a TGI request (also a Vertex `inputs` instance).
-pub async fn prepare(ready: &Ready, req: GenerateRequest) -> Result<Prepared, ApiError> {
+/// Validates a TGI request (also a Vertex `inputs` instance), to be answered as a stream
+/// or not.
+pub async fn prepare(
+    ready: &Ready,
+    req: GenerateRequest,
+    streamed: bool,
+) -> Result<Prepared, ApiError> {
     let prompt = Prompt::Text {
         text: req.inputs.clone(),
         add_special_tokens: true,
     };
-    let spec = req.parameters.to_spec(prompt)?;
+    let spec = req.parameters.to_spec(prompt, streamed)?;
     let valid = ready
         .validator
         .validate(spec)

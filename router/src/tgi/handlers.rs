@@ -30,7 +30,7 @@ async fn generate_json(
     req: GenerateRequest,
 ) -> Result<GenerateResponse, ApiError> {
     let ready = state.ready()?;
-    let prepared = convert::prepare(ready, req).await?;
+    let prepared = convert::prepare(ready, req, false).await?;
     let _permit = state.permit(prepared.generations())?;
     respond::generate(ready, &prepared).await
 }
@@ -71,7 +71,7 @@ async fn stream(state: AppState, req: GenerateRequest) -> Result<Response, ApiEr
     if req.parameters.best_of.is_some_and(|b| b > 1) {
         return Err(invalid!("`best_of` > 1 cannot be streamed; use /generate"));
     }
-    let prepared = convert::prepare(ready, req).await?;
+    let prepared = convert::prepare(ready, req, true).await?;
     let permit = state.permit(prepared.generations())?;
     let tokenizer = ready.validator.tokenizer().clone();
     let rx = ready.backend.schedule(prepared.valid.generation(0))?;

@@ -2,6 +2,7 @@
 //! Prefill / Decode / FilterBatch / ClearCache protocol on one thread.
 
 mod prefix;
+mod rows;
 mod scoring;
 mod sequence;
 mod speculation;
@@ -110,6 +111,12 @@ impl Engine {
             reserved: 0,
             speculated: SpeculationStats::default(),
         }
+    }
+
+    /// Whether unscored greedy tokens are found without every logit
+    /// (`Model::greedy_tokens`).
+    pub fn output_layer_has_greedy_index(&self) -> bool {
+        self.model.has_greedy_index()
     }
 
     pub fn facts(&self) -> &ModelFacts {

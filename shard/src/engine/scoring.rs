@@ -90,6 +90,16 @@ impl Scorer {
         Ok(token_score(token, scores))
     }
 
+    /// The sequence's next token when it is its raw logits' argmax, found without them
+    /// (`Sequence::argmax_only`): no score, as none is shown.
+    pub fn argmax_token(&mut self, seq: &mut Sequence, token: u32) -> TokenScore {
+        seq.sampler.push(token);
+        TokenScore {
+            id: token,
+            ..Default::default()
+        }
+    }
+
     /// Scores the prompt token that followed the position whose logits are `row`.
     /// Prompt tokens were not sampled, so their scores are always the raw distribution's.
     pub fn prompt_token(

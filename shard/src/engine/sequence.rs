@@ -19,6 +19,19 @@ pub struct ScoreSpec {
     pub mode: LogprobsMode,
     pub return_logits: bool,
     pub labels: Vec<u32>,
+    /// The answer shows no generated token's logprob.
+    pub skip_token_logprobs: bool,
+}
+
+impl ScoreSpec {
+    /// Whether a generated token needs no score at all: none asked for, and its logprob
+    /// not shown.
+    pub fn token_unscored(&self) -> bool {
+        self.skip_token_logprobs
+            && self.top_n_tokens == 0
+            && !self.return_logits
+            && self.labels.is_empty()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -131,6 +144,7 @@ impl ValidRequest {
                 mode: scores.logprobs_mode,
                 return_logits: scores.return_logits,
                 labels: scores.logprob_token_ids,
+                skip_token_logprobs: scores.skip_token_logprobs,
             },
         })
     }
@@ -156,5 +170,12 @@ impl Sequence {
     /// KV cache tokens this sequence holds reserved.
     pub fn reservation(&self) -> usize {
         self.cache.capacity()
+    }
+
+    /// Whether its next tokens are the argmax of the raw logits and need no score: then a
+    /// row's token is all the step must find (`Model::greedy_tokens`).
+    pub fn argmax_only(&self) -> bool {
+        let params = self.sampler.params();
+        !params.do_sample && !params.has_processors() && self.scores.token_unscored()
     }
 }

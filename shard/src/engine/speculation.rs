@@ -20,6 +20,7 @@
 //! token a step. After one that failed at once, the next is a single token, and only
 //! where at least the last 2 tokens occurred before.
 
+use super::rows::Rows;
 use super::scoring::Scorer;
 use super::sequence::Sequence;
 use super::step::generate;
@@ -91,9 +92,9 @@ impl Speculation {
 /// One sequence's part of a decode step's results.
 pub struct Verify<'a> {
     pub seq: &'a mut Sequence,
-    /// Its rows of logits, one per fed token: row 0 follows its last token, row j
-    /// follows draft token j-1.
-    pub rows: &'a [f32],
+    /// Its rows, one per fed token: row 0 follows its last token, row j follows draft
+    /// token j-1.
+    pub rows: Rows<'a>,
     pub draft: &'a [u32],
 }
 
@@ -107,10 +108,16 @@ pub fn take_verified(
     job: &mut Verify,
 ) -> Result<Vec<Generation>, EngineError> {
     let Verify { seq, rows, draft } = job;
-    let draft = *draft;
-    let vocab = rows.len() / (draft.len() + 1);
+    let (draft, rows) = (*draft, *rows);
+    let vocab = match rows {
+        Rows::Logits(all) => all.len() / (draft.len() + 1),
+        Rows::Argmax(_) => 0,
+    };
     let mut taken = Vec::with_capacity(draft.len() + 1);
-    for (j, row) in rows.chunks_exact(vocab.max(1)).enumerate() {
+    for j in 0..=draft.len() {
+        let Some(row) = rows.get(j, vocab) else {
+            break;
+        };
         let generation = generate(scorer, seq, row, Vec::new())?;
         let agrees = generation.finish_reason.is_none()
             && generation.token.as_ref().map(|t| t.id) == draft.get(j).copied();

@@ -6,6 +6,7 @@ use std::ops::Range;
 use candle_core::{Storage, Tensor};
 
 use super::prefix::{BlockRows, LoadedPrefix, Prompt, BLOCK_TOKENS};
+use super::rows::{Row, RowPlan};
 use super::scoring::{first_prompt_token, Scorer};
 use super::sequence::Sequence;
 use super::speculation::{take_verified, Verify};
@@ -92,7 +93,8 @@ impl Engine {
                     })?;
                 (Vec::new(), row.to_vec())
             };
-            let mut generation = generate(self.scorers.first(), seq, &last_row, prefill)?;
+            let row = Row::Logits(&last_row);
+            let mut generation = generate(self.scorers.first(), seq, row, prefill)?;
             generation.cached_prompt_tokens = loaded[i].tokens as u32;
             generations.push(generation);
         }
@@ -192,11 +194,13 @@ impl Engine {
         };
         let hidden = run_model(&self.model, seqs, input)?;
         let vocab = self.facts.vocab_size;
-        let generations = with_logits(&self.model, &hidden, |logits| {
-            check_rows(logits, tokens.len(), vocab)?;
+        let plan = RowPlan::new(&self.model, seqs, &spans, &hidden)?;
+        let needed = plan.logit_hidden(&hidden)?;
+        let generations = with_logits_of(&self.model, needed.as_ref(), |logits| {
+            check_rows(logits, plan.logit_rows(tokens.len()), vocab)?;
             let mut jobs = Vec::with_capacity(seqs.len());
-            for ((seq, span), draft) in seqs.iter_mut().zip(&spans).zip(&drafts) {
-                let rows = &logits[span.start * vocab..(span.start + span.len) * vocab];
+            for (i, (seq, draft)) in seqs.iter_mut().zip(&drafts).enumerate() {
+                let rows = plan.rows(i, logits, vocab)?;
                 jobs.push(Verify { seq, rows, draft });
             }
             self.scorers.run(&mut jobs, |scorer, job, out| {
@@ -211,11 +215,11 @@ impl Engine {
     }
 }
 
-/// Samples and scores a sequence's next token from its logits row.
+/// Samples and scores a sequence's next token from its row (logits, or their argmax).
 pub(super) fn generate(
     scorer: &mut Scorer,
     seq: &mut Sequence,
-    row: &[f32],
+    row: Row,
     prefill: Vec<TokenScore>,
 ) -> Result<Generation, EngineError> {
     if seq.stopping.max_new_tokens == 0 {
@@ -228,7 +232,10 @@ pub(super) fn generate(
             cached_prompt_tokens: 0,
         });
     }
-    let token = scorer.next_token(seq, row)?;
+    let token = match row {
+        Row::Logits(logits) => scorer.next_token(seq, logits)?,
+        Row::Argmax(id) => scorer.argmax_token(seq, id),
+    };
     seq.generated += 1;
     seq.last_token = token.id;
     seq.history.push(token.id);
@@ -359,6 +366,18 @@ fn with_logits<T>(
     }
     drop(storage);
     f(&logits.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// [`with_logits`] of `hidden`, or `f(&[])` with no rows.
+fn with_logits_of<T>(
+    model: &Model,
+    hidden: Option<&Tensor>,
+    f: impl FnOnce(&[f32]) -> Result<T, EngineError>,
+) -> Result<T, EngineError> {
+    match hidden {
+        Some(h) => with_logits(model, h, f),
+        None => f(&[]),
+    }
 }
 
 /// That `logits` holds `rows` rows of `vocab` (not 0), so that every position gets its row.

@@ -33,6 +33,8 @@ pub struct ScoreOptions {
     pub return_logits: bool,
     /// Label ids whose logprobs every position reports.
     pub logprob_token_ids: Vec<u32>,
+    /// The answer shows no generated token's logprob, so it may be left out.
+    pub skip_token_logprobs: bool,
 }
 
 /// A new batch to prefill, under an id the router chose.

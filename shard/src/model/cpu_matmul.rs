@@ -81,6 +81,7 @@ use candle_core::{DType, Device, Result, Storage, Tensor};
 
 mod blocks;
 mod formats;
+mod greedy;
 mod input;
 mod kernel;
 mod simd;
@@ -138,6 +139,9 @@ pub struct CpuQuantMatrix {
     /// The same quants a byte each, which products of at least [`WIDE_MIN_ROWS`] rows
     /// read (`blocks::wide`), if [`CpuQuantMatrix::add_wide_copy`] made one.
     wide: Option<Tiles>,
+    /// What [`CpuQuantMatrix::greedy_tokens`] reads besides the tiles, if
+    /// [`CpuQuantMatrix::add_greedy_index`] made it (`greedy`).
+    greedy: Option<greedy::GreedyIndex>,
 }
 
 impl std::fmt::Debug for CpuQuantMatrix {
@@ -174,6 +178,7 @@ impl CpuQuantMatrix {
             k,
             tiles,
             wide: None,
+            greedy: None,
         })
     }
 
@@ -207,6 +212,7 @@ impl CpuQuantMatrix {
             k,
             tiles,
             wide: None,
+            greedy: None,
         })
     }
 
@@ -259,6 +265,26 @@ impl CpuQuantMatrix {
         let mut ys = Self::forward_same(&[self], xs)?;
         ys.pop()
             .ok_or_else(|| candle_core::Error::Msg("CpuQuantMatrix::forward: no product".into()))
+    }
+
+    /// [`CpuQuantMatrix::greedy_tokens`] of the rows of `xs` (f32 CPU, `[.., k]`).
+    pub fn greedy_tensor(&self, xs: &Tensor) -> Result<Option<Vec<u32>>> {
+        if !self.has_greedy_index() || !xs.device().is_cpu() || xs.dtype() != DType::F32 {
+            return Ok(None);
+        }
+        if xs.dims().last() != Some(&self.k) {
+            candle_core::bail!(
+                "CpuQuantMatrix::greedy_tensor: input {:?}, the matrix wants {} features",
+                xs.dims(),
+                self.k
+            );
+        }
+        let xs = xs.contiguous()?;
+        let (storage, layout) = xs.storage_and_layout();
+        let Storage::Cpu(cpu) = &*storage else {
+            return Ok(None);
+        };
+        Ok(self.greedy_tokens(host_f32(cpu, layout, "CpuQuantMatrix::greedy_tensor")?))
     }
 
     /// The products of several matrices with the same input (q, k and v; gate and up),

@@ -268,6 +268,22 @@ impl Model {
         }))
     }
 
+    /// The argmax of each row of [`Model::logits`], the same token (ties to the smaller
+    /// id), without computing every logit; `None` where it cannot tell (no index for the
+    /// output layer, a final soft cap, which can tie logits that differ, or a row the full
+    /// product must decide).
+    pub fn greedy_tokens(&self, hidden: &Tensor) -> Result<Option<Vec<u32>>> {
+        if self.spec.final_softcap.is_some() {
+            return Ok(None);
+        }
+        self.lm_head.greedy_tokens(hidden)
+    }
+
+    /// Whether [`Model::greedy_tokens`] can answer.
+    pub fn has_greedy_index(&self) -> bool {
+        self.spec.final_softcap.is_none() && self.lm_head.has_greedy_index()
+    }
+
     /// Output logits for rows of final hidden states: \[rows, hidden\] → \[rows, vocab\].
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let logits = self.lm_head.forward(hidden)?.to_dtype(DType::F32)?;

@@ -21,6 +21,18 @@ pub enum Kernel {
     Candle(QMatMul),
 }
 
+impl Kernel {
+    /// Makes the index [`Linear::greedy_tokens`] reads, where the kernel has one (the host
+    /// kernel of a Q8_0 matrix, on a CPU with AVX-512 VNNI), before anything shares it;
+    /// returns its bytes (0: none).
+    pub fn add_greedy_index(&mut self) -> usize {
+        match self {
+            Kernel::Host(m) => Arc::get_mut(m).map_or(0, CpuQuantMatrix::add_greedy_index),
+            Kernel::Candle(_) => 0,
+        }
+    }
+}
+
 /// Makes candle's quantized matmuls on `device` multiply f32 activations, as Sonde's CPU
 /// kernels do. By default candle's CUDA kernels (MMVQ/MMQ, llama.cpp's) round the activations
 /// to 8 bits (q8_1) before integer dot products, which moves logprobs by up to a nat
@@ -57,6 +69,32 @@ impl Linear {
             Kernel::Candle(w) => w.forward(xs)?,
         };
         self.add_bias(ys)
+    }
+
+    /// Each row's argmax of [`Linear::forward`]'s rows, the same token, found without
+    /// computing every output (`cpu_matmul::greedy`); `None` where this projection cannot
+    /// (a bias, no index) or a row is left to the full product.
+    pub fn greedy_tokens(&self, xs: &Tensor) -> Result<Option<Vec<u32>>> {
+        match (&self.kernel, &self.bias) {
+            (Kernel::Host(m), None) => m.greedy_tensor(xs),
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether [`Linear::greedy_tokens`] can answer.
+    pub fn has_greedy_index(&self) -> bool {
+        match (&self.kernel, &self.bias) {
+            (Kernel::Host(m), None) => m.has_greedy_index(),
+            _ => false,
+        }
+    }
+
+    /// See [`Kernel::add_greedy_index`]; none with a bias.
+    pub fn add_greedy_index(&mut self) -> usize {
+        match self.bias {
+            Some(_) => 0,
+            None => self.kernel.add_greedy_index(),
+        }
     }
 
     /// Several projections of the same input (q, k, v; gate, up), each as

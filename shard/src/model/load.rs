@@ -80,13 +80,22 @@ impl Model {
             wide_budget: placement.wide_quants_bytes,
         };
         let (hidden, vocab) = (spec.hidden_size, spec.vocab_size);
-        let table = l.kernel(TensorName::TokenEmbd, vocab, hidden)?;
-        let lm_head = if spec.tied_output {
+        let mut table = l.kernel(TensorName::TokenEmbd, vocab, hidden)?;
+        let (lm_head, greedy) = if spec.tied_output {
             l.check_tied_copy()?;
-            Linear::new(table.clone(), None)
+            let bytes = table.add_greedy_index();
+            (Linear::new(table.clone(), None), bytes)
         } else {
-            l.linear(TensorName::Output, vocab, hidden)?
+            let mut output = l.linear(TensorName::Output, vocab, hidden)?;
+            let bytes = output.add_greedy_index();
+            (output, bytes)
         };
+        if greedy > 0 {
+            tracing::info!(
+                kib = greedy >> 10,
+                "index of the output layer, for the greedy tokens of unscored requests"
+            );
+        }
         let embedding = Embedding::new(table, hidden, spec.embedding_scale);
         let layers = (0..spec.num_layers())
             .map(|i| l.layer(i))

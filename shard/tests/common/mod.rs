@@ -202,3 +202,36 @@ pub fn assert_prompt_scores_change_no_token(path: &Path, prompts: &[Vec<u32>]) {
         }
     }
 }
+
+/// The greedy tokens of `prompts` are the same whether the answer shows their logprobs or
+/// not: a request that shows none has each token found as the argmax alone, without most
+/// of the output layer (`Model::greedy_tokens`), which must give the token the full row
+/// gives. The reference is every prompt with its logprobs; then one batch mixes both kinds
+/// (even prompts unscored), 24 tokens each, drafts included where text repeats.
+pub fn assert_unscored_tokens_are_the_scored_ones(path: &Path, prompts: &[Vec<u32>]) {
+    let req = |i: usize, unscored: bool| {
+        Req::new(i as u64, &prompts[i], 24)
+            .ignore_eos()
+            .scores(|s| s.skip_token_logprobs = unscored)
+    };
+    let n = prompts.len();
+    let mut e = engine(path, 16_384);
+    let scored = run_batch(&mut e, 1, (0..n).map(|i| req(i, false)).collect());
+    let mixed = run_batch(&mut e, 2, (0..n).map(|i| req(i, i % 2 == 0)).collect());
+    // Where the output layer has its index (Q8_0, on a CPU with AVX-512 VNNI), the
+    // unscored tokens have no logprob: they came from the argmax path.
+    let argmax_path = e.output_layer_has_greedy_index();
+    for i in 0..n as u64 {
+        let (want, got) = (&scored[&i], &mixed[&i]);
+        assert_eq!(got.ids(), want.ids(), "prompt {i}");
+        if i % 2 == 1 {
+            assert_eq!(got.tokens, want.tokens, "prompt {i}, scored in both");
+        } else if argmax_path {
+            // The first token comes from the prefill, which computes its logits.
+            assert!(
+                got.tokens[1..].iter().all(|t| t.logprob.is_none()),
+                "prompt {i}: an unscored token has a logprob"
+            );
+        }
+    }
+}

@@ -15,7 +15,9 @@
 //!   gRPC, the hand-off to the engine thread and the client.
 //!
 //! `--prefill-logprobs` sets `scores.prefill_logprobs` on every request, to measure what
-//! scoring every prompt position costs. The shard's caches are cleared (ClearCache with no id,
+//! scoring every prompt position costs; `--unscored` sets `scores.skip_token_logprobs`, so
+//! the greedy tokens come from the output layer's index (an answer that shows no logprob).
+//! The shard's caches are cleared (ClearCache with no id,
 //! which frees every batch) before each run, so do not point it at a shard a router is using.
 //!
 //! Against a running shard (default socket /tmp/sonde-shard-0):
@@ -96,6 +98,9 @@ struct Args {
     /// Ask for logprobs of every prompt position (scores.prefill_logprobs).
     #[arg(long)]
     prefill_logprobs: bool,
+    /// Ask for no logprob of the generated tokens (scores.skip_token_logprobs).
+    #[arg(long)]
+    unscored: bool,
     /// Print the results as JSON on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -261,6 +266,7 @@ fn make_batch(args: &Args, size: usize, vocab: u64, first_id: u64) -> pb::Batch 
                 }),
                 scores: Some(pb::ScoreOptions {
                     prefill_logprobs: args.prefill_logprobs,
+                    skip_token_logprobs: args.unscored,
                     ..Default::default()
                 }),
             }

@@ -120,6 +120,7 @@ pub(crate) fn print_json(
         "new_tokens": args.new_tokens,
         "runs": args.runs,
         "prefill_logprobs": args.prefill_logprobs,
+        "unscored": args.unscored,
         "statistic": "median",
         "results": results,
     });

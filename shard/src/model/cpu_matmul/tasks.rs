@@ -4,8 +4,8 @@
 
 use super::blocks::{Tile, TileColumns, TILE};
 use super::formats::Tiles;
-use super::input::{run_sums, LaneRows, Rows};
-use super::kernel::{columns, rows_in_lanes, Isa};
+use super::input::{run_sums, LaneRows, Lanes, Rows};
+use super::kernel::{columns, isa, rows_in_lanes, Isa};
 use super::{CpuQuantMatrix, Out, COL_ALIGN, MIN_TASK_MACS, TASKS_PER_THREAD, WIDE_MIN_ROWS};
 use crate::team::Team;
 
@@ -25,6 +25,29 @@ impl CpuQuantMatrix {
     #[cfg(test)]
     pub(super) fn matmul_split(&self, x: &[f32], isa: Isa, split: Split) -> Vec<f32> {
         products(&[self], x, isa, split).concat()
+    }
+
+    /// Outputs `16 g .. 16 g + out.len()` of one row `x` (`out.len() ≤ 16`, within the
+    /// matrix), on this thread: the same bits as the product computes them, since a task
+    /// of one tile column is as good as any other split (see the module docs).
+    pub(super) fn tile_outputs(&self, x: &[f32], g: usize, out: &mut [f32]) {
+        let sums = if self.tiles.has_offset() {
+            run_sums(x)
+        } else {
+            Vec::new()
+        };
+        let rows = Rows {
+            x,
+            sums: &sums,
+            k: self.k,
+            lanes: Lanes::NONE,
+        };
+        let task = Task {
+            cols: TILE,
+            t: g,
+            rows: vec![out_slots(out)],
+        };
+        self.tiles.run(rows, task, isa());
     }
 
     /// Splits this product of `m` rows into column tasks over `out` (`m` rows of `n`):
@@ -140,6 +163,13 @@ pub(super) fn products(ms: &[&CpuQuantMatrix], x: &[f32], isa: Isa, split: Split
         // reaches here as a panic, and the buffers are dropped uninitialized).
         .map(|out| unsafe { out.assume_init() }.into_vec())
         .collect()
+}
+
+/// `out` as outputs to write: the kernel writes every one (and reads none).
+fn out_slots(out: &mut [f32]) -> &mut [Out] {
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, and writing initialized values
+    // through it keeps `out` initialized.
+    unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<Out>(), out.len()) }
 }
 
 /// One column task of a product: the columns `t*cols ..` (a multiple of 16) of every row

@@ -222,6 +222,19 @@ pub(in super::super) struct Q8_0 {
     qs: [Bytes; 16],
 }
 
+impl Q8_0 {
+    /// The 16 columns' scales `d`, as f16 bits.
+    pub(in super::super) fn scale_bits(&self) -> &[u16; TILE] {
+        &self.d
+    }
+
+    /// The quants, pair after pair: `[j][c]` column `c`'s input `j`, `[j][16 + c]` its
+    /// input `j + 16` (512 bytes, one after the other).
+    pub(in super::super) fn quant_bytes_all(&self) -> &[Bytes; 16] {
+        &self.qs
+    }
+}
+
 impl Tile for Q8_0 {
     const RAW_BYTES: usize = 34;
     const PARTS: usize = 1;
