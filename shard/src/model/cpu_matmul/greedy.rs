@@ -41,7 +41,7 @@ mod tests;
 /// Elsewhere no CPU has the kernel's instructions: no index is ever made.
 #[cfg(not(target_arch = "x86_64"))]
 mod kernel {
-    use super::{Quantized, GROUP, Q8_0, TILE};
+    use super::{Column, Out, Rows};
 
     #[derive(Clone, Copy)]
     pub(super) struct Vnni;
@@ -52,27 +52,31 @@ mod kernel {
         }
         pub(super) fn tile(self, _: Column, _: Rows, _: Out) {}
     }
-
-    #[derive(Clone, Copy)]
-    pub(super) struct Column<'a> {
-        pub tiles: &'a [Q8_0],
-        pub spread: &'a [[f32; TILE]],
-        pub margin: f32,
-        pub next: &'a [Q8_0],
-    }
-
-    pub(super) struct Out<'a> {
-        pub lo: &'a mut [[f32; TILE]; GROUP],
-        pub hi: &'a mut [[f32; TILE]; GROUP],
-    }
-
-    pub(super) struct Rows<'a> {
-        pub q: &'a Quantized,
-        pub range: std::ops::Range<usize>,
-    }
 }
 
-use kernel::{Column, Vnni};
+use kernel::Vnni;
+
+/// One tile column's `nb` tiles and their index entries, the factor on `E`, and the
+/// tiles to ask memory for meanwhile (the next column's, or none).
+#[derive(Clone, Copy)]
+struct Column<'a> {
+    tiles: &'a [Q8_0],
+    spread: &'a [[f32; TILE]],
+    margin: f32,
+    next: &'a [Q8_0],
+}
+
+/// Some rows of the quantized inputs: at most [`GROUP`].
+struct Rows<'a> {
+    q: &'a Quantized,
+    range: std::ops::Range<usize>,
+}
+
+/// Where a group's bounds go: a row's 16 columns each.
+struct Out<'a> {
+    lo: &'a mut [[f32; TILE]; GROUP],
+    hi: &'a mut [[f32; TILE]; GROUP],
+}
 
 /// Inputs of a Q8_0 block, and 4-input chunks of one (a VNNI lane's products).
 const BLOCK: usize = 32;
@@ -294,11 +298,11 @@ impl CpuQuantMatrix {
                         ..column
                     };
                     let group = r0..(r0 + GROUP).min(m);
-                    let out = kernel::Out {
+                    let out = Out {
                         lo: &mut lo,
                         hi: &mut hi,
                     };
-                    let some = kernel::Rows {
+                    let some = Rows {
                         q,
                         range: group.clone(),
                     };

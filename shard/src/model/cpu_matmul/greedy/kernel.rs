@@ -23,10 +23,8 @@ use std::arch::x86_64::{
     _MM_HINT_T0,
 };
 
-use std::ops::Range;
-
-use super::super::blocks::{Q8_0, TILE};
-use super::{Quantized, CHUNKS, GROUP};
+use super::super::blocks::Q8_0;
+use super::{Column, Out, Quantized, Rows, CHUNKS};
 
 /// A relative widening of `β` by `|Ã|`, for the f32 rounding of `Ã ∓ β` (2^-20: eight
 /// times the two roundings it covers).
@@ -48,7 +46,7 @@ impl Vnni {
         all.then_some(Vnni(()))
     }
 
-    /// `rows` (at most [`GROUP`]) against `column`: row `rows.range.start + i`'s 16
+    /// `rows` (at most [`super::GROUP`]) against `column`: row `rows.range.start + i`'s 16
     /// columns' bounds into `lo[i]` and `hi[i]`.
     pub(super) fn tile(self, column: Column, rows: Rows, out: Out) {
         let Rows { q, range: rows } = rows;
@@ -67,28 +65,6 @@ impl Vnni {
             }
         }
     }
-}
-
-/// One tile column's `nb` tiles and their index entries, the factor on `E`, and the
-/// tiles to ask memory for meanwhile (the next column's, or none).
-#[derive(Clone, Copy)]
-pub(super) struct Column<'a> {
-    pub tiles: &'a [Q8_0],
-    pub spread: &'a [[f32; TILE]],
-    pub margin: f32,
-    pub next: &'a [Q8_0],
-}
-
-/// Some rows of the quantized inputs: at most [`GROUP`].
-pub(super) struct Rows<'a> {
-    pub q: &'a Quantized,
-    pub range: Range<usize>,
-}
-
-/// Where a group's bounds go: a row's 16 columns each.
-pub(super) struct Out<'a> {
-    pub lo: &'a mut [[f32; TILE]; GROUP],
-    pub hi: &'a mut [[f32; TILE]; GROUP],
 }
 
 /// `vpermb`'s indices: byte `4c + t` of the result is byte `16 t + c` of 64 quant bytes

@@ -99,11 +99,11 @@ fn bounds_of(m: &CpuQuantMatrix, x: &[f32]) -> (Bounds, usize) {
         };
         for r0 in (0..rows).step_by(GROUP) {
             let group = r0..(r0 + GROUP).min(rows);
-            let out = kernel::Out {
+            let out = Out {
                 lo: &mut lo,
                 hi: &mut hi,
             };
-            let rows_of = kernel::Rows {
+            let rows_of = Rows {
                 q: &q,
                 range: group.clone(),
             };
