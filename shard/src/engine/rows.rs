@@ -61,7 +61,7 @@ impl RowPlan {
         hidden: &Tensor,
     ) -> Result<Self, EngineError> {
         let argmax: Vec<bool> = seqs.iter().map(Sequence::argmax_only).collect();
-        if argmax.iter().any(|&a| a) {
+        if model.has_greedy_index() && argmax.iter().any(|&a| a) {
             let rows = |want: bool| -> Vec<u32> {
                 spans
                     .iter()
